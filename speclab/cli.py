@@ -5,14 +5,14 @@
 # %% auto #0
 __all__ = ['cmd_proof', 'build_parser', 'main']
 
-# %% ../nbs/90_cli.ipynb #1836cf93
+# %% ../nbs/90_cli.ipynb #20fb54c1
 import argparse
 import sys
 import time
 
 import speclab
 
-# %% ../nbs/90_cli.ipynb #694c02b1
+# %% ../nbs/90_cli.ipynb #0a3803c8
 def cmd_proof(args):
     "Run Chapter 1's exactness checks and print the report; 0 when every verdict is as expected."
     from speclab.proof import LEVEL, POWER, format_proof_report, proof_checks
@@ -27,7 +27,7 @@ def cmd_proof(args):
           f"{len(checks)} checks in {time.perf_counter() - t0:.1f} s: " + ("all verdicts as expected." if ok else "UNEXPECTED VERDICTS."))
     return 0 if ok else 1
 
-# %% ../nbs/90_cli.ipynb #a3031c0f
+# %% ../nbs/90_cli.ipynb #0b85420e
 def build_parser():
     "The `speclab` argument parser with one subparser per command."
     parser = argparse.ArgumentParser(prog="speclab", description="speclab: a course on speculative decoding that is also a library.")

@@ -13,7 +13,7 @@ __all__ = ['SUM_TOL', 'UINT32_TO_UNIT', 'LEVEL', 'POWER', 'MIN_EXPECTED', 'as_pr
            'topk_membership_sampler', 'resample_from_p_sampler', 'keep_tail_step', 'bonus_after_reject_step',
            'proof_checks', 'format_proof_report']
 
-# %% ../nbs/01_proof.ipynb #fb859567
+# %% ../nbs/01_proof.ipynb #f2828c98
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -21,7 +21,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import optimize, stats
 
-# %% ../nbs/01_proof.ipynb #fca595c5
+# %% ../nbs/01_proof.ipynb #6ca986fe
 SUM_TOL = 1e-6  # how far a probability vector's sum may stray from 1
 
 def as_probs(x, name="probs"):
@@ -36,7 +36,7 @@ def as_probs(x, name="probs"):
     if abs(arr.sum() - 1) > SUM_TOL: raise ValueError(f"{name} must sum to 1 (within {SUM_TOL:g}), sums to {arr.sum():.9g}")
     return arr
 
-# %% ../nbs/01_proof.ipynb #bc24b823
+# %% ../nbs/01_proof.ipynb #5c15f4af
 def as_pair(p, q):
     "Validate a target `p` and a draft `q` over the same vocabulary; return both as float64 arrays."
     p, q = as_probs(p, "p"), as_probs(q, "q")
@@ -49,14 +49,14 @@ def as_count(n, name, minimum=1):
     if n < minimum: raise ValueError(f"{name} must be >= {minimum}, got {n}")
     return int(n)
 
-# %% ../nbs/01_proof.ipynb #6beb7d32
+# %% ../nbs/01_proof.ipynb #72b67d7e
 def sample_token(probs, rng):
     "Draw one token from `probs` by inverse CDF with a float64 coin from `rng`; never a zero-probability token."
     cdf = np.cumsum(probs)
     i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
     return min(i, int(np.flatnonzero(probs)[-1]))  # u * Z may round up to Z: stay on the last token with mass
 
-# %% ../nbs/01_proof.ipynb #6dab4443
+# %% ../nbs/01_proof.ipynb #4a2a0feb
 def accept_prob(p_x, q_x):
     "Probability of keeping a drafted token with target probability `p_x` and draft probability `q_x`."
     return min(1.0, p_x / q_x) if q_x > 0 else 0.0  # q_x = 0: the token is never proposed
@@ -67,10 +67,10 @@ def residual(p, q):
     z = r.sum()
     return r / z if z > 0 else p  # z = 0 only when p == q, where no rejection can happen
 
-# %% ../nbs/01_proof.ipynb #660734d5
+# %% ../nbs/01_proof.ipynb #22170ee7
 def spec_step(prefix, target_fn, draft_fn, kappa, rng, keep_tail=False, bonus_after_reject=False):
     "One speculative step: draft `kappa` tokens, verify kappa+1 positions, return the emitted tokens (1..kappa+1)."
-    prefix, xs, qs = tuple(prefix), [], []
+    kappa, prefix, xs, qs = as_count(kappa, "kappa"), tuple(prefix), [], []
     for _ in range(kappa):                                                   # 1. draft
         qs.append(draft_fn(prefix + tuple(xs))); xs.append(sample_token(qs[-1], rng))
     ps = [target_fn(prefix + tuple(xs[:i])) for i in range(kappa + 1)]      # 2. one verify pass
@@ -82,7 +82,7 @@ def spec_step(prefix, target_fn, draft_fn, kappa, rng, keep_tail=False, bonus_af
         if not keep_tail: return out                                         # discard ps[i+1:]
     return out + [sample_token(ps[kappa], rng)]                              # 4. bonus
 
-# %% ../nbs/01_proof.ipynb #72800db2
+# %% ../nbs/01_proof.ipynb #8b8be064
 def toy_next_token_fn(vocab_size, seed=0, concentration=1.0):
     "A deterministic random next-token function over `vocab_size` tokens (memoised; outputs are read-only)."
     as_count(vocab_size, "vocab_size", minimum=2)
@@ -93,7 +93,7 @@ def toy_next_token_fn(vocab_size, seed=0, concentration=1.0):
         return probs
     return lambda tokens: fn(tuple(int(t) for t in tokens))
 
-# %% ../nbs/01_proof.ipynb #24bc9945
+# %% ../nbs/01_proof.ipynb #f6ed32de
 def accepted_mass(p, q):
     "Pr(emit x by acceptance) = q(x) * min(1, p(x)/q(x)), computed branch by branch over the vocabulary."
     p, q = as_pair(p, q)
@@ -112,7 +112,7 @@ def tv_distance(a, b):
         return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
     return 0.5 * float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).sum())
 
-# %% ../nbs/01_proof.ipynb #7521bb31
+# %% ../nbs/01_proof.ipynb #a85c70e1
 def emitted_distribution(p, q):
     "The exact law of the token one speculative position emits: accept branch + Pr(reject) x residual."
     p, q = as_pair(p, q)
@@ -121,14 +121,14 @@ def emitted_distribution(p, q):
     if r.sum() == 0: return accept  # p == q: the coin never rejects
     return accept + (1.0 - accept.sum()) * r / r.sum()
 
-# %% ../nbs/01_proof.ipynb #ff94a58b
+# %% ../nbs/01_proof.ipynb #0b71f358
 def speculative_sample(p, q, rng):
     "One position of speculative sampling: draft x ~ q, keep it with min(1, p(x)/q(x)), else draw from the residual."
     x = sample_token(q, rng)
     if rng.random() < accept_prob(p[x], q[x]): return x
     return sample_token(residual(p, q), rng)
 
-# %% ../nbs/01_proof.ipynb #d59b6c8f
+# %% ../nbs/01_proof.ipynb #dbc8432c
 def edge_case_pairs(vocab_size=8, seed=0):
     "Named (p, q) pairs covering the edge cases of the one-position proof."
     rng = np.random.default_rng(seed)
@@ -141,10 +141,10 @@ def edge_case_pairs(vocab_size=8, seed=0):
     return {"random pair": (p, dirichlet()), "q zero where p is not": (p, q_holes), "one-hot q": (p, one_hot),
             "p = q": (p, p.copy()), "disjoint supports": (lo, hi)}
 
-# %% ../nbs/01_proof.ipynb #882b34fe
+# %% ../nbs/01_proof.ipynb #0e0a98cd
 def step_law(prefix, target_fn, draft_fn, kappa, keep_tail=False, bonus_after_reject=False):
     "Exact law {emitted tokens: probability} of one `spec_step`, by enumerating drafts, coins and resamples."
-    prefix, law = tuple(prefix), defaultdict(float)
+    kappa, prefix, law = as_count(kappa, "kappa"), tuple(prefix), defaultdict(float)
     def verify(xs, qs, ps, i, out, mass):
         if i == len(xs):                                    # every draft survived: bonus from p_{kappa+1}
             for y in np.flatnonzero(ps[i]): law[out + (int(y),)] += mass * ps[i][y]
@@ -167,10 +167,10 @@ def step_law(prefix, target_fn, draft_fn, kappa, keep_tail=False, bonus_after_re
     draft((), [], 1.0)
     return dict(law)
 
-# %% ../nbs/01_proof.ipynb #ee17a8fa
+# %% ../nbs/01_proof.ipynb #0600a530
 def chain_law(prefix, target_fn, draft_fn, kappa, n_tokens, **bugs):
     "Exact law of the first `n_tokens` tokens emitted by repeated speculative steps from `prefix`."
-    prefix, law = tuple(prefix), defaultdict(float)
+    n_tokens, prefix, law = as_count(n_tokens, "n_tokens"), tuple(prefix), defaultdict(float)
     def grow(emitted, mass):
         for out, m in step_law(prefix + emitted, target_fn, draft_fn, kappa, **bugs).items():
             e = emitted + out
@@ -182,19 +182,19 @@ def chain_law(prefix, target_fn, draft_fn, kappa, n_tokens, **bugs):
 def target_law(prefix, target_fn, n_tokens):
     "Exact law of `n_tokens` tokens sampled autoregressively from `target_fn` alone."
     law = {(): 1.0}
-    for _ in range(n_tokens):
+    for _ in range(as_count(n_tokens, "n_tokens")):
         law = {s + (int(y),): m * target_fn(tuple(prefix) + s)[y]
                for s, m in law.items() for y in np.flatnonzero(target_fn(tuple(prefix) + s))}
     return law
 
-# %% ../nbs/01_proof.ipynb #7bac2f74
+# %% ../nbs/01_proof.ipynb #4eb6b9c1
 def argmax_token(probs):
     "Greedy choice: the most probable token, the lowest index among ties (as numpy and torch do)."
     return int(np.argmax(probs))
 
 def greedy_step(prefix, target_fn, draft_fn, kappa, rng=None):
     "Temperature-zero speculation: keep drafts while they equal the target's argmax; emit the argmax on mismatch."
-    prefix, xs = tuple(prefix), []
+    kappa, prefix, xs = as_count(kappa, "kappa"), tuple(prefix), []
     for _ in range(kappa): xs.append(argmax_token(draft_fn(prefix + tuple(xs))))
     out = []
     for i, x in enumerate(xs):
@@ -206,7 +206,7 @@ def greedy_fn(fn):
     "The temperature-zero version of a next-token function: a one-hot vector on its argmax."
     return lambda tokens: np.eye(len(p := fn(tokens)))[argmax_token(p)]
 
-# %% ../nbs/01_proof.ipynb #f088f7de
+# %% ../nbs/01_proof.ipynb #be8a349b
 def expected_tokens(alpha, kappa):
     "E = (1 - alpha^(kappa+1)) / (1 - alpha): expected tokens per step under i.i.d. acceptance with rate `alpha`."
     kappa = as_count(kappa, "kappa")
@@ -222,7 +222,7 @@ def mean_acceptance_length(num_accepted_tokens, num_drafts):
     "vLLM's mean acceptance length: 1 + accepted / drafts (the 1 is the recovered or bonus token)."
     return 1 + num_accepted_tokens / as_count(num_drafts, "num_drafts")
 
-# %% ../nbs/01_proof.ipynb #c031e70c
+# %% ../nbs/01_proof.ipynb #d79abded
 def accept_ge(ratio, u):
     "vLLM's comparison: accept when ratio >= u (a coin of exactly 0.0 accepts even a ratio of 0)."
     return ratio >= u
@@ -231,7 +231,7 @@ def accept_lt(u, ratio):
     "The strict comparison u < ratio: a zero ratio is never accepted, whatever the coin."
     return u < ratio
 
-# %% ../nbs/01_proof.ipynb #f0330aa4
+# %% ../nbs/01_proof.ipynb #28154bda
 def count_exact_zeros(rng, n_draws, dtype=np.float32, chunk=1 << 24):
     "Count coins exactly equal to 0.0 among `n_draws` uniforms of `dtype` from `rng` (drawn in chunks)."
     zeros = 0
@@ -239,7 +239,7 @@ def count_exact_zeros(rng, n_draws, dtype=np.float32, chunk=1 << 24):
         zeros += int(np.count_nonzero(rng.random(min(chunk, n_draws - start), dtype=dtype) == 0))
     return zeros
 
-# %% ../nbs/01_proof.ipynb #7bbd62dc
+# %% ../nbs/01_proof.ipynb #0b6b7150
 UINT32_TO_UNIT = {  # common ways to turn a uint32 hash h into a coin
     "float32(h) * 2^-32": lambda h: h.astype(np.float32) * np.float32(2.0 ** -32),
     "float32(h / 2^32)": lambda h: (h.astype(np.float64) / 2.0 ** 32).astype(np.float32),
@@ -253,7 +253,7 @@ def count_hashes_rounding_to_one(convert):
     assert coins[0] < 1 and np.all(np.diff(coins) >= 0), "conversion must be monotone and start below 1"
     return int(np.count_nonzero(coins >= 1.0))
 
-# %% ../nbs/01_proof.ipynb #979224f4
+# %% ../nbs/01_proof.ipynb #1e835346
 def inverse_cdf_walk(probs, u, dtype=np.float32):
     "Walk the running sum in `dtype` like a sampling kernel: first index whose sum exceeds `u`, len(probs) if none."
     total = dtype(0)
@@ -262,7 +262,7 @@ def inverse_cdf_walk(probs, u, dtype=np.float32):
         if u < total: return i
     return len(probs)
 
-# %% ../nbs/01_proof.ipynb #2183df3e
+# %% ../nbs/01_proof.ipynb #43d73f4a
 def thresholded_distribution(p, q, threshold):
     "Exact output law when acceptance is raised to min(1, p / (q * threshold)); equals p only at threshold = 1."
     p, q = as_pair(p, q)
@@ -271,7 +271,7 @@ def thresholded_distribution(p, q, threshold):
     r = np.maximum(p - q, 0.0)
     return accept if r.sum() == 0 else accept + (1 - accept.sum()) * r / r.sum()
 
-# %% ../nbs/01_proof.ipynb #6c9544b6
+# %% ../nbs/01_proof.ipynb #76535c75
 LEVEL = 1e-3     # probability that a correct sampler fails a check
 POWER = 0.999    # probability that a biased sampler is flagged, at the detectable TV distance
 MIN_EXPECTED = 5.0
@@ -284,7 +284,7 @@ def detectable_tv(n, num_bins, level=LEVEL, power=POWER):
     lam = optimize.brentq(lambda l: stats.ncx2.sf(crit, df, l) - power, 1e-9, 1e7)
     return float(np.sqrt(lam / (4 * n)))  # lambda >= 4 n TV^2 for every deviation
 
-# %% ../nbs/01_proof.ipynb #624fba0d
+# %% ../nbs/01_proof.ipynb #e1b8cb22
 def chi_square_gof(observed, expected_probs, min_expected=MIN_EXPECTED):
     "Pearson chi-square goodness of fit of counts to probabilities: (statistic, p_value, df)."
     observed, expected_probs = np.asarray(observed, np.float64), np.asarray(expected_probs, np.float64)
@@ -300,7 +300,7 @@ def chi_square_gof(observed, expected_probs, min_expected=MIN_EXPECTED):
     statistic = float(((obs - exp) ** 2 / exp).sum())
     return statistic, float(stats.chi2.sf(statistic, len(exp) - 1)), len(exp) - 1
 
-# %% ../nbs/01_proof.ipynb #c27fec7a
+# %% ../nbs/01_proof.ipynb #89cff0e8
 def least_favourable_shift(p, tv):
     "A law at TV distance `tv` from `p` that the chi-square test finds hardest to tell apart (|p' - p| ∝ p)."
     p = as_probs(p, "p")
@@ -311,7 +311,7 @@ def least_favourable_shift(p, tv):
     if shifted.min() < 0: raise ValueError(f"tv={tv} is too large for this p")
     return shifted
 
-# %% ../nbs/01_proof.ipynb #112659b5
+# %% ../nbs/01_proof.ipynb #69209cb3
 @dataclass
 class ExactnessReport:
     "Outcome of an exactness check: the verdict, the test statistic and an observed-vs-expected table."
@@ -339,7 +339,7 @@ class ExactnessReport:
         return "\n".join(lines)
     __repr__ = __str__
 
-# %% ../nbs/01_proof.ipynb #bf32aa81
+# %% ../nbs/01_proof.ipynb #e8b59a34
 def _report(checked, counts, probs, n, level):
     "Build an `ExactnessReport` from observed counts and expected probabilities over the same outcomes."
     observed = [counts.get(o, 0) for o in probs]
@@ -353,16 +353,18 @@ def check_exactness(sampler, p, q, n=50_000, seed=0, level=LEVEL):
     p, q = as_pair(p, q)
     n, rng = as_count(n, "n"), np.random.default_rng(seed)
     draws = np.array([sampler(p, q, rng) for _ in range(n)])
+    if draws.dtype.kind not in "iu": raise TypeError(f"sampler must return integer token ids, got {draws.dtype}")
     if draws.min() < 0 or draws.max() >= len(p): raise ValueError(f"sampler returned a token outside [0, {len(p)})")
     counts = np.bincount(draws, minlength=len(p))
     name = getattr(sampler, "__name__", type(sampler).__name__)
     return _report(f"{name} emits p (V = {len(p)})", dict(enumerate(counts)), dict(enumerate(p)), n, level)
 
-# %% ../nbs/01_proof.ipynb #a575ef4a
+# %% ../nbs/01_proof.ipynb #06ddfeb5
 def check_chain_exactness(step, target_fn, draft_fn, prefix, kappa, n_tokens, n=50_000, seed=0, level=LEVEL):
     "Test whether repeated `step(prefix, target_fn, draft_fn, kappa, rng)` emit the target's law of `n_tokens` tokens."
     kappa, n_tokens, n = as_count(kappa, "kappa"), as_count(n_tokens, "n_tokens"), as_count(n, "n")
     prefix, rng, counts = tuple(prefix), np.random.default_rng(seed), defaultdict(int)
+    as_pair(target_fn(prefix), draft_fn(prefix))  # both next-token functions give distributions over one vocabulary
     law = target_law(prefix, target_fn, n_tokens)
     for _ in range(n):
         emitted = ()
@@ -372,7 +374,7 @@ def check_chain_exactness(step, target_fn, draft_fn, prefix, kappa, n_tokens, n=
     name = getattr(step, "__name__", type(step).__name__)
     return _report(f"{name}: first {n_tokens} tokens, kappa = {kappa}", counts, outcomes, n, level)
 
-# %% ../nbs/01_proof.ipynb #b5c2ca42
+# %% ../nbs/01_proof.ipynb #277c1c7c
 def threshold_on_p_sampler(p, q, rng, threshold=0.1):
     "BUG: accept the drafted token when p(x) >= threshold; otherwise resample from the residual."
     x = sample_token(q, rng)
@@ -388,7 +390,7 @@ def resample_from_p_sampler(p, q, rng):
     x = sample_token(q, rng)
     return x if rng.random() < accept_prob(p[x], q[x]) else sample_token(p, rng)
 
-# %% ../nbs/01_proof.ipynb #542d20da
+# %% ../nbs/01_proof.ipynb #2c199a3c
 def keep_tail_step(prefix, target_fn, draft_fn, kappa, rng):
     "BUG: after a rejection, keep verifying the drafts that were conditioned on the rejected token."
     return spec_step(prefix, target_fn, draft_fn, kappa, rng, keep_tail=True)
@@ -397,7 +399,7 @@ def bonus_after_reject_step(prefix, target_fn, draft_fn, kappa, rng):
     "BUG: after a rejection, also emit a 'bonus' from the next position, conditioned on the rejected token."
     return spec_step(prefix, target_fn, draft_fn, kappa, rng, bonus_after_reject=True)
 
-# %% ../nbs/01_proof.ipynb #e4d81574
+# %% ../nbs/01_proof.ipynb #af1ddf0f
 def proof_checks(n=50_000, seed=0, vocab_size=8):
     "Run the exactness checks behind `speclab proof`: a list of (expect_pass, report)."
     checks = [(True, check_exactness(speculative_sample, p, q, n, seed)) for p, q in edge_case_pairs(vocab_size, seed).values()]

@@ -1,0 +1,44 @@
+"""Shared test setup. Runs before any test module imports speclab (and so before anything imports triton)."""
+import os
+
+# Triton kernels (chapter 04) run in the interpreter on machines without a GPU; this must be set before
+# the first `@triton.jit` is created. Subprocesses (nbdev_test, the CLI) inherit it.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import subprocess
+import sys
+from configparser import ConfigParser
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent  # the venv running the tests: nbdev_test, nbdev_export, speclab live here
+
+
+@pytest.fixture(scope="session")
+def root() -> Path:
+    "The repository root."
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def venv_bin() -> Path:
+    "The bin/ directory of the venv running pytest (console scripts)."
+    return BIN
+
+
+@pytest.fixture(scope="session")
+def settings() -> dict:
+    "settings.ini's [DEFAULT] section as a dict."
+    cfg = ConfigParser(delimiters=["="])
+    cfg.read(ROOT / "settings.ini", encoding="utf-8")
+    return dict(cfg["DEFAULT"])
+
+
+@pytest.fixture(scope="session")
+def repo_files() -> list[str]:
+    "Paths git would commit: tracked plus untracked-but-not-ignored files (relative, existing on disk)."
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return sorted(p for p in set(out.split("\0")) if p and os.path.lexists(ROOT / p))

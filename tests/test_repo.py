@@ -1,0 +1,194 @@
+"""Repository-level checks: the notebooks run, the exported package and the README match their sources,
+the two README commands are what CI runs, and the wheel installs and works without the dev tools.
+
+Set SPECLAB_NBDEV_FLAGS="slow cuda" to also run the notebooks' `#| slow` and `#| cuda` cells.
+"""
+import difflib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from configparser import ConfigParser
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+NOTEBOOKS = sorted(
+    p.relative_to(ROOT) for p in (ROOT / "nbs").glob("**/*.ipynb")
+    if not any(part.startswith(("_", ".")) for part in p.relative_to(ROOT / "nbs").parts)
+)
+DEV_ONLY = {"nbdev", "jupyter", "fastcore", "execnb", "ghapi"}  # must appear only under extra == "dev"
+
+
+def run(cmd, cwd, timeout=600, env=None):
+    "Run `cmd` (no shell), capturing text output. IN_TEST is dropped: it turns nbdev_export into a no-op."
+    env = {k: v for k, v in (env or os.environ).items() if k != "IN_TEST"}
+    return subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def output(r):
+    return f"exit {r.returncode}\n--- stdout\n{r.stdout[-20000:]}\n--- stderr\n{r.stderr[-20000:]}"
+
+
+def copy_repo(dest: Path, files) -> Path:
+    "Copy the files git would commit into `dest` (symlinks stay symlinks)."
+    for f in files:
+        (dest / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, dest / f, follow_symlinks=False)
+    return dest
+
+
+def snapshot(d: Path) -> dict:
+    "relative path -> bytes (or link target) of every file under `d`, skipping caches."
+    snap = {}
+    for p in sorted(d.rglob("*")):
+        rel = p.relative_to(d)
+        if {"__pycache__", ".ipynb_checkpoints"} & set(rel.parts) or (p.is_dir() and not p.is_symlink()):
+            continue
+        snap[str(rel)] = f"-> {os.readlink(p)}".encode() if p.is_symlink() else p.read_bytes()
+    return snap
+
+
+def describe_changes(before: dict, after: dict, limit=60) -> str:
+    "Name each changed file and show the start of the first few diffs."
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    lines = [f"  {k} ({'new' if k not in before else 'deleted' if k not in after else 'modified'})"
+             for k in changed]
+    for k in changed[:3]:  # a taste of the diff
+        a, b = (before.get(k, b"").decode(errors="replace"), after.get(k, b"").decode(errors="replace"))
+        diff = list(difflib.unified_diff(a.splitlines(), b.splitlines(), k, k + " (regenerated)", lineterm=""))
+        lines += diff[:limit] + (["  ..."] if len(diff) > limit else [])
+    return "\n".join(lines)
+
+
+def readme_commands(text: str) -> list[list[str]]:
+    "The ```sh blocks (as lists of lines) of README's '## Two commands' section."
+    m = re.search(r"^## Two commands[ \t]*\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert m, "README.md has no '## Two commands' section"
+    return [b.splitlines() for b in re.findall(r"^```sh[ \t]*\n(.*?)^```", m.group(1), re.M | re.S)]
+
+
+# --- notebooks ----------------------------------------------------------------------------------------------
+
+def test_notebooks_found():
+    assert Path("nbs/index.ipynb") in NOTEBOOKS, NOTEBOOKS
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=str)
+def test_notebook_runs(nb):
+    "Every notebook executes under nbdev_test (cells flagged slow/cuda are skipped unless asked for)."
+    cmd = [BIN / "nbdev_test", "--path", nb, "--do_print"]
+    if os.environ.get("SPECLAB_NBDEV_FLAGS"): cmd += ["--flags", os.environ["SPECLAB_NBDEV_FLAGS"]]
+    r = run(cmd, cwd=ROOT, timeout=3600)
+    assert r.returncode == 0, f"nbdev_test failed on {nb}\n{output(r)}"
+
+
+@pytest.mark.parametrize("tool", ["nbdev_export", "nbdev_clean"])
+def test_sources_are_in_sync(tool, tmp_path, repo_files):
+    """Running `tool` on a copy of the committed files changes nothing: speclab/ is what the notebooks export
+    (and pyproject.toml what nbdev writes), and every notebook is already clean."""
+    work = copy_repo(tmp_path / "repo", repo_files)
+    before = snapshot(work)
+    r = run([BIN / tool], cwd=work, timeout=600)
+    assert r.returncode == 0, f"{tool} failed\n{output(r)}"
+    after = snapshot(work)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, (f"{tool} would change these files; run .venv/bin/{tool} and commit the result:\n"
+                         + describe_changes(before, after))
+
+
+# --- README and CI ---------------------------------------------------------------------------------------------
+
+def test_readme_up_to_date():
+    r = run([sys.executable, ROOT / "tools" / "make_readme.py", "--check"], cwd=ROOT)
+    assert r.returncode == 0, f"README.md is stale; run `python tools/make_readme.py`\n{output(r)}"
+
+
+def test_readme_two_commands():
+    "Exactly two one-line ```sh blocks: set up + main job, then the tests; .ci/run extracts the same two."
+    blocks = readme_commands((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert [len(b) for b in blocks] == [1, 1], f"want two one-line ```sh blocks, got {blocks}"
+    setup, tests = blocks[0][0].strip(), blocks[1][0].strip()
+    assert "pip install" in setup and re.search(r"\bspeclab (proof|demo)$", setup), setup
+    assert re.search(r"\bpytest\b", tests), tests
+    r = run(["bash", ROOT / ".ci" / "run", "--dry-run"], cwd=ROOT)
+    assert r.returncode == 0, output(r)
+    assert f"setup command: {blocks[0][0]}" in r.stdout.splitlines(), r.stdout
+    assert f"test command:  {blocks[1][0]}" in r.stdout.splitlines(), r.stdout
+
+
+def test_make_readme_renders_code_cells(tmp_path):
+    "Code cells: directives stripped, `#| hide` cells dropped, text outputs kept, images dropped."
+    spec = importlib.util.spec_from_file_location("make_readme", ROOT / "tools" / "make_readme.py")
+    mr = importlib.util.module_from_spec(spec); spec.loader.exec_module(mr)
+    cells = [
+        {"cell_type": "markdown", "source": ["# t\n", "text"]},
+        {"cell_type": "code", "source": "#| hide\nfrom secret import *", "outputs": []},
+        {"cell_type": "code", "source": ["#| echo: true\n", "1+1"], "outputs": [
+            {"output_type": "execute_result", "data": {"text/plain": ["2"], "image/png": "AAA"}}]},
+        {"cell_type": "code", "source": "print('hi')", "outputs": [{"output_type": "stream", "text": "hi\n"}]},
+    ]
+    nb = tmp_path / "nb.ipynb"
+    nb.write_text(json.dumps({"cells": cells}))
+    body = mr.render(nb).split("\n", 2)[2]
+    assert body == "# t\ntext\n\n```python\n1+1\n```\n\n```\n2\n```\n\n```python\nprint('hi')\n```\n\n```\nhi\n```\n"
+
+
+# --- CLI and packaging -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arg", ["--help", "--version"])
+def test_cli(arg, tmp_path, settings):
+    exe = BIN / "speclab"
+    assert exe.exists(), f"{exe} missing: install the package with `pip install -e '.[dev]'`"
+    r = run([exe, arg], cwd=tmp_path)
+    assert r.returncode == 0, output(r)
+    assert (settings["version"] if arg == "--version" else "proof") in r.stdout, output(r)
+
+
+def _dist_info(z: zipfile.ZipFile, name: str) -> str:
+    (path,) = [n for n in z.namelist() if re.fullmatch(rf"speclab-[^/]+\.dist-info/{name}", n)]
+    return z.read(path).decode()
+
+
+@pytest.mark.slow
+def test_wheel_builds_and_installs_without_dev_tools(tmp_path, repo_files, settings):
+    from packaging.requirements import Requirement
+    src, dist = copy_repo(tmp_path / "src", repo_files), tmp_path / "dist"
+    r = run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", dist], cwd=src, timeout=900)
+    assert r.returncode == 0, f"wheel build failed\n{output(r)}"
+    (wheel,) = dist.glob("speclab-*.whl")
+
+    with zipfile.ZipFile(wheel) as z:
+        names, meta, eps = set(z.namelist()), _dist_info(z, "METADATA"), _dist_info(z, "entry_points.txt")
+    assert {"speclab/__init__.py", "speclab/proof.py"} <= names, sorted(names)
+    ep = ConfigParser(delimiters=["="]); ep.read_string(eps)
+    assert "speclab" in ep["console_scripts"], eps
+    target = ep["console_scripts"]["speclab"].split(":")[0]
+    assert target.replace(".", "/") + ".py" in names, f"entry point {target} is not in the wheel"
+    leaked = [line for line in re.findall(r"^Requires-Dist: (.*)$", meta, re.M)
+              if Requirement(line).name.lower() in DEV_ONLY and 'extra == "dev"' not in str(Requirement(line).marker)]
+    assert not leaked, f"dev tools are runtime requirements of the wheel: {leaked}"
+
+    venv, cwd = tmp_path / "venv", tmp_path / "elsewhere"  # cwd without speclab/ so the source tree can't leak in
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    r = run([sys.executable, "-m", "venv", venv], cwd=cwd, env=env)
+    assert r.returncode == 0, output(r)
+    r = run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", wheel], cwd=cwd, env=env, timeout=1800)
+    assert r.returncode == 0, f"pip install of the wheel failed\n{output(r)}"
+
+    r = run([venv / "bin" / "python", "-c", "import speclab, speclab.proof; print(speclab.__file__)"], cwd=cwd, env=env)
+    assert r.returncode == 0, output(r)
+    assert str(venv) in r.stdout, f"imported speclab from outside the fresh venv: {r.stdout}"
+    for mod in ["nbdev", "fastcore", "execnb", "jupyter_core", "notebook"]:
+        r = run([venv / "bin" / "python", "-c", f"import {mod}"], cwd=cwd, env=env)
+        assert r.returncode != 0 and "ModuleNotFoundError" in r.stderr, f"{mod} is installed with the wheel"
+    r = run([venv / "bin" / "speclab", "--version"], cwd=cwd, env=env)
+    assert r.returncode == 0 and settings["version"] in r.stdout, output(r)
