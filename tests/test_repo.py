@@ -167,7 +167,8 @@ def test_wheel_builds_and_installs_without_dev_tools(tmp_path, repo_files, setti
 
     with zipfile.ZipFile(wheel) as z:
         names, meta, eps = set(z.namelist()), _dist_info(z, "METADATA"), _dist_info(z, "entry_points.txt")
-    assert {"speclab/__init__.py", "speclab/proof.py"} <= names, sorted(names)
+    assert {"speclab/__init__.py", "speclab/proof.py", "speclab/roofline.py",
+            "speclab/data/configs/llama-3-8b.json", "speclab/data/configs/llama-3.2-1b.json"} <= names, sorted(names)
     ep = ConfigParser(delimiters=["="]); ep.read_string(eps)
     assert "speclab" in ep["console_scripts"], eps
     target = ep["console_scripts"]["speclab"].split(":")[0]
@@ -184,7 +185,8 @@ def test_wheel_builds_and_installs_without_dev_tools(tmp_path, repo_files, setti
     r = run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", wheel], cwd=cwd, env=env, timeout=1800)
     assert r.returncode == 0, f"pip install of the wheel failed\n{output(r)}"
 
-    r = run([venv / "bin" / "python", "-c", "import speclab, speclab.proof; print(speclab.__file__)"], cwd=cwd, env=env)
+    r = run([venv / "bin" / "python", "-c", "import speclab, speclab.proof; print(speclab.__file__)\n"
+             "from speclab.roofline import ModelSpec; assert ModelSpec.load('llama-3-8b').streamed_params > 7e9"], cwd=cwd, env=env)
     assert r.returncode == 0, output(r)
     assert str(venv) in r.stdout, f"imported speclab from outside the fresh venv: {r.stdout}"
     for mod in ["nbdev", "fastcore", "execnb", "jupyter_core", "notebook"]:
