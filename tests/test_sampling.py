@@ -1,0 +1,276 @@
+"""Statistical and behavioural tests of the batched rejection sampler (Chapter 3, and Chapter 4's Triton backend).
+
+Distribution tests. The target and the draft are first-order Markov chains over V tokens (the next-token law depends
+on the previous token), so that every path must get conditioning right, not just marginals: a sampler that keeps the
+tail after a rejection, or draws the bonus after one, emits tokens from distributions conditioned on a token that was
+thrown away. Each trial starts from token 0 and calls the sampler repeatedly until it has L = kappa + 1 tokens of text;
+the exact law of text position j is row 0 of P^j. Every position is tested with Pearson's chi-square at level
+LEVEL = 1e-3 (chapter 1's checker); the power of each test is stated by `detectable_tv(n, bins)`: the smallest TV bias
+it flags with probability 0.999 (asserted below the stated bound). For V = 16 the pair (text[0], text[1]) is tested
+jointly as well.
+"""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from speclab.proof import LEVEL, chi_square_gof, detectable_tv
+from speclab.sampling import (chain_sample, cu_num_draft_tokens, generate_exponentials, generate_residual_coins,
+                              generate_uniform_probs, random_sample, recovered_exponential, recovered_inverse_cdf,
+                              rejection_sample, sampling_probs)
+
+PATHS = [("standard", "exponential"), ("standard", "inverse_cdf"), ("block", "exponential")]
+
+
+def markov(V, seed, sharpness):
+    g = torch.Generator().manual_seed(seed)
+    return torch.softmax(torch.randn(V, V, generator=g) * sharpness, -1)
+
+
+def generate_text(sample, P, Q, kappa, trials, use_draft_probs, seed, chunk=None):
+    """Text of kappa + 1 tokens per trial from repeated speculative steps; `sample(draft_ids, num, draft_probs,
+    target_probs, bonus)` is the sampler under test. Drafts come from Q, target rows from P, both Markov."""
+    g = torch.Generator().manual_seed(seed)
+    L, V = kappa + 1, P.shape[0]
+    chunk = chunk or trials
+    texts = []
+    for start in range(0, trials, chunk):
+        R = min(chunk, trials - start)
+        text = torch.full((R, L), -1)
+        length = torch.zeros(R, dtype=torch.long)
+        last = torch.zeros(R, dtype=torch.long)
+        while (length < L).any():
+            rows = (length < L).nonzero()[:, 0]
+            prev, drafts = last[rows], []
+            for _ in range(kappa):
+                prev = torch.multinomial(Q[prev], 1, generator=g)[:, 0]
+                drafts.append(prev)
+            drafts = torch.stack(drafts, 1)                                   # [r, kappa]
+            ctx = torch.cat([last[rows, None], drafts[:, :-1]], 1)            # token before each draft
+            target_probs = P[ctx].reshape(-1, V)
+            draft_probs = Q[ctx].reshape(-1, V) if use_draft_probs else None
+            bonus = torch.multinomial(P[drafts[:, -1]], 1, generator=g)[:, 0]
+            out = sample(drafts.reshape(-1), torch.full((len(rows),), kappa), draft_probs, target_probs, bonus)
+            take = torch.minimum((out >= 0).sum(1), L - length[rows])       # emitted tokens still needed
+            keep = torch.arange(out.shape[1])[None] < take[:, None]
+            r_idx = rows[:, None].expand_as(out)[keep]
+            text[r_idx, (length[rows, None] + torch.arange(out.shape[1])[None])[keep]] = out[keep]
+            length[rows] += take
+            last[rows] = text[rows, length[rows] - 1]
+        texts.append(text)
+    return torch.cat(texts)
+
+
+def position_tests(text, P, pairs=False):
+    "Chi-square p-values of every text position (and optionally the first pair) against the exact Markov law."
+    V, law, pvals = P.shape[0], torch.eye(P.shape[0], dtype=torch.float64)[0], []
+    for j in range(text.shape[1]):
+        law = law @ P.double()
+        pvals.append(chi_square_gof(torch.bincount(text[:, j], minlength=V).numpy(), law.numpy())[1])
+    if pairs:
+        joint = (P.double()[0][:, None] * P.double()).reshape(-1)  # Pr(text0 = a, text1 = b) = P[0,a] P[a,b]
+        counts = torch.bincount(text[:, 0] * V + text[:, 1], minlength=V * V).numpy()
+        pvals.append(chi_square_gof(counts, joint.numpy())[1])
+    return pvals
+
+
+def sampler(method, recovery, backend="torch"):
+    return lambda *a: rejection_sample(*a, method=method, recovery=recovery, backend=backend)
+
+
+# --- distribution: every path, every position -----------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,recovery", PATHS)
+@pytest.mark.parametrize("use_draft_probs", [True, False])
+def test_distribution_narrow_vocab(method, recovery, use_draft_probs):
+    "V = 16, 200,000 trials, kappa = 3: each of the 4 positions and the first pair follow the target."
+    V, trials = 16, 200_000
+    P, Q = markov(V, 1, 1.5), markov(V, 2, 1.5)
+    text = generate_text(sampler(method, recovery), P, Q, 3, trials, use_draft_probs, seed=3)
+    assert detectable_tv(trials, V) < 0.01 and detectable_tv(trials, V * V) < 0.02
+    pvals = position_tests(text, P, pairs=True)
+    assert min(pvals) > LEVEL, pvals
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,recovery", PATHS)
+def test_distribution_wide_vocab(method, recovery):
+    "V = 4096, 10 V = 40,960 trials, kappa = 2: each position follows the target."
+    V, trials = 4096, 10 * 4096
+    P, Q = markov(V, 4, 3.0), markov(V, 5, 3.0)
+    text = generate_text(sampler(method, recovery), P, Q, 2, trials, True, seed=6, chunk=4096)
+    pvals = position_tests(text, P)
+    assert min(pvals) > LEVEL, pvals
+
+
+def test_greedy_equals_greedy_decoding():
+    "Temperature zero: speculative output is exactly the target's greedy chain, whatever the drafts."
+    V, kappa, R = 32, 4, 500
+    P, Q = markov(V, 7, 2.0), markov(V, 8, 2.0)
+    greedy_next = P.argmax(-1)
+    g = torch.Generator().manual_seed(9)
+    last = torch.randint(V, (R,), generator=g)
+    drafts = torch.stack([torch.randint(V, (R,), generator=g) if i % 2 else greedy_next[last] for i in range(kappa)], 1)
+    ctx = torch.cat([last[:, None], drafts[:, :-1]], 1)
+    out = rejection_sample(drafts.reshape(-1), [kappa] * R, None, P[ctx].reshape(-1, V), greedy_next[drafts[:, -1]],
+                           is_greedy=torch.ones(R, dtype=torch.bool))
+    for r in range(R):
+        emitted, prev = out[r][out[r] >= 0].tolist(), last[r].item()
+        for tok in emitted:
+            assert tok == greedy_next[prev].item()
+            prev = tok
+
+
+# --- planted bugs are caught ------------------------------------------------------------------------------------------
+
+def _bug_sample(bug):
+    "Chapter 1's classic bugs as batched torch variants of the standard path (bug='none': the correct rule)."
+    def sample(draft_ids, num, draft_probs, target_probs, bonus):
+        n = torch.as_tensor(num)
+        cu, B, kappa = cu_num_draft_tokens(n), len(n), int(n[0])
+        u, e = generate_uniform_probs(n), generate_exponentials(n, target_probs.shape[1])
+        rec = recovered_exponential(cu, draft_ids, draft_probs, target_probs, e)
+        if bug == "resample_from_p": rec = torch.argmax(target_probs / e.repeat_interleave(kappa, 0), -1)
+        rows = torch.arange(B * kappa)
+        p, q = target_probs[rows, draft_ids].double(), draft_probs[rows, draft_ids].double()
+        acc = ((p >= 0.1) if bug == "threshold_on_p" else (u * q < p)).view(B, kappa)
+        d, rec = draft_ids.view(B, kappa), rec.view(B, kappa)
+        tokens = torch.where(acc, d, rec)
+        out = torch.full((B, kappa + 2), -1)
+        if bug == "keep_tail":                       # never stop: every position emits, then the bonus
+            out[:, :kappa], out[:, kappa] = tokens, bonus
+            return out[:, : kappa + 1]
+        num_acc = torch.cumprod(acc.long(), 1).sum(1)
+        pos = torch.arange(kappa)[None]
+        out[:, :kappa] = torch.where(pos <= num_acc[:, None], tokens, -1)
+        full = num_acc == kappa
+        out[full, kappa] = bonus[full]
+        if bug == "bonus_after_reject": out[~full, num_acc[~full] + 1] = bonus[~full]
+        return out
+    return sample
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", ["resample_from_p", "threshold_on_p", "keep_tail", "bonus_after_reject"])
+def test_planted_bugs_are_caught(bug):
+    V, trials = 16, 40_000
+    P, Q = markov(V, 1, 1.5), markov(V, 2, 1.5)
+    text = generate_text(_bug_sample(bug), P, Q, 3, trials, True, seed=11)
+    assert min(position_tests(text, P, pairs=True)) < LEVEL
+
+
+def test_correct_variant_of_bug_harness_passes():
+    "The same harness with no bug passes, so the bug tests measure the bugs and not the harness."
+    V, trials = 16, 40_000
+    P, Q = markov(V, 1, 1.5), markov(V, 2, 1.5)
+    text = generate_text(_bug_sample("none"), P, Q, 3, trials, True, seed=11)
+    assert min(position_tests(text, P, pairs=True)) > LEVEL
+
+
+# --- seeds: determinism and batch independence ------------------------------------------------------------------------
+
+def _seeded_case(V=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    num = [3, 0, 4, 2]
+    N = sum(num)
+    target = torch.softmax(torch.randn(N, V, generator=g), -1)
+    draft = torch.softmax(torch.randn(N, V, generator=g), -1)
+    ids = torch.randint(V, (N,), generator=g)
+    return ids, num, draft, target, torch.randint(V, (4,), generator=g)
+
+
+@pytest.mark.parametrize("method,recovery", PATHS)
+def test_seeded_determinism(method, recovery):
+    ids, num, draft, target, bonus = _seeded_case()
+    gens = lambda: [torch.Generator().manual_seed(s) for s in (1, 2, 3, 4)]
+    outs = [rejection_sample(ids, num, draft, target, bonus, generators=gens(), method=method, recovery=recovery)
+            for _ in range(20)]
+    assert all(torch.equal(o, outs[0]) for o in outs)
+
+
+@pytest.mark.parametrize("method,recovery", PATHS)
+def test_seeded_row_independent_of_batch(method, recovery):
+    "Request 2 (seeded) gives the same tokens alone, in its batch, and in a reshuffled, larger batch."
+    ids, num, draft, target, bonus = _seeded_case()
+    kw = dict(method=method, recovery=recovery)
+    rows = slice(3, 7)  # request 2's rows in the flat layout
+    alone = rejection_sample(ids[rows], [4], draft[rows], target[rows], bonus[2:3],
+                             generators=[torch.Generator().manual_seed(5)], **kw)[0]
+    full = rejection_sample(ids, num, draft, target, bonus, generators=[None, None, torch.Generator().manual_seed(5), None], **kw)[2]
+    perm = [2, 3, 6, 4, 5, 0, 1, 7, 8]  # a batch with the request first, then the others' rows
+    order = torch.cat([torch.arange(3, 7), torch.arange(7, 9), torch.arange(0, 3)])
+    other = rejection_sample(ids[order], [4, 2, 3], draft[order], target[order], bonus[[2, 3, 0]],
+                             generators=[torch.Generator().manual_seed(5), None, torch.Generator().manual_seed(9)], **kw)[0]
+    assert torch.equal(alone, full) and torch.equal(alone, other)
+
+
+# --- endpoints ---------------------------------------------------------------------------------------------------------
+
+def test_zero_coin_never_accepts_zero_probability():
+    V = 5
+    target = torch.tensor([[0.0, 0.5, 0.5, 0.0, 0.0]] * 2)
+    draft = torch.tensor([[0.5, 0.5, 0.0, 0.0, 0.0]] * 2)
+    ids, num, bonus = torch.tensor([0, 0]), [1, 1], torch.tensor([1, 2])
+    zero = torch.zeros(2, dtype=torch.float64)
+    for method, recovery in PATHS:
+        for dp in (draft, None):
+            out = rejection_sample(ids, num, dp, target, bonus, method=method, recovery=recovery, uniform_probs=zero)
+            assert (out[:, 0] != 0).all() and (target[0, out[:, 0]] > 0).all(), (method, recovery, dp is None)
+
+
+def test_coin_just_below_one_never_returns_zero_probability():
+    V = 7
+    target = torch.tensor([[0.0, 0.3, 0.2, 0.5, 0.0, 0.0, 0.0]])
+    draft = torch.tensor([[0.0, 0.6, 0.4, 0.0, 0.0, 0.0, 0.0]])
+    cu, ids = cu_num_draft_tokens([1]), torch.tensor([1])
+    top = torch.tensor([1 - 2 ** -53], dtype=torch.float64)
+    assert recovered_inverse_cdf(cu, ids, draft, target, top).item() == 3        # residual: only token 3
+    assert recovered_inverse_cdf(cu, ids, None, target, top).item() == 3         # p without token 1: the last positive
+    tiny = torch.full((1, V), torch.finfo(torch.float32).tiny)
+    assert target[0, recovered_exponential(cu, ids, None, target, tiny).item()] > 0
+    out = rejection_sample(ids, [1], draft, target, torch.tensor([3]), recovery="inverse_cdf", uniform_probs=top,
+                           residual_coins=top)
+    assert target[0, out[0, 0]] > 0
+
+
+def test_exponentials_are_never_zero():
+    e = generate_exponentials(torch.tensor([1] * 64), 4096)
+    assert (e > 0).all() and torch.isfinite(e).all()
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda t: t.fill_(float("nan")), "NaN"), (lambda t: t.fill_(float("inf")), "NaN"),
+    (lambda t: t.mul_(1.1), "sum to 1"), (lambda t: t.neg_(), "negative"),
+])
+def test_bad_rows_raise(bad, match):
+    ids, num, draft, target, bonus = _seeded_case()
+    with pytest.raises(ValueError, match=match):
+        rejection_sample(ids, num, draft, bad(target.clone()), bonus)
+    with pytest.raises(ValueError, match=match):
+        rejection_sample(ids, num, bad(draft.clone()), target, bonus)
+
+
+def test_bad_arguments_raise():
+    ids, num, draft, target, bonus = _seeded_case()
+    with pytest.raises(ValueError, match="num_draft_tokens"): rejection_sample(ids, [3, 0, 4, 1], draft, target, bonus)
+    with pytest.raises(ValueError, match="num_draft_tokens"): rejection_sample(ids, [3, 0, 4, -2, 4], draft, target, bonus)
+    with pytest.raises(ValueError, match="draft_token_ids"): rejection_sample(ids + 100, num, draft, target, bonus)
+    with pytest.raises(ValueError, match="draft_probs"): rejection_sample(ids, num, draft[:, :10].softmax(-1), target, bonus)
+    with pytest.raises(ValueError, match="is_greedy"): rejection_sample(ids, num, draft, target, bonus, is_greedy=torch.ones(3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="generators"): rejection_sample(ids, num, draft, target, bonus, generators=[None])
+    with pytest.raises(ValueError, match="recovery"): rejection_sample(ids, num, draft, target, bonus, recovery="gumbel")
+    with pytest.raises(ValueError, match="threshold_acc"): rejection_sample(ids, num, draft, target, bonus, threshold_acc=0)
+    with pytest.raises(TypeError, match="target_probs"): rejection_sample(ids, num, draft, target.numpy(), bonus)
+
+
+def test_sampling_transforms_identical_for_draft_and_target():
+    "One function, per-row parameters: the same logits and parameters give the same rows, in any row order."
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 300, generator=g) * 2
+    t, k, p = torch.tensor([0.5, 1.0, 0.8, 1.2, 0.0, 1.0]), torch.tensor([0, 10, 40, 0, 0, 299]), torch.tensor([0.9, 1.0, 0.7, 0.5, 1.0, 0.95])
+    a = sampling_probs(logits, t, k, p)
+    perm = torch.tensor([3, 1, 5, 0, 2, 4])
+    assert torch.equal(sampling_probs(logits[perm], t[perm], k[perm], p[perm]), a[perm])
+    assert torch.allclose(sampling_probs(logits, t, k, p, top_p_method="sort"), a)
