@@ -274,3 +274,16 @@ def test_sampling_transforms_identical_for_draft_and_target():
     perm = torch.tensor([3, 1, 5, 0, 2, 4])
     assert torch.equal(sampling_probs(logits[perm], t[perm], k[perm], p[perm]), a[perm])
     assert torch.allclose(sampling_probs(logits, t, k, p, top_p_method="sort"), a)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method,recovery", PATHS)
+def test_distribution_triton(method, recovery):
+    """The Triton backend through the same harness, at the scale the CPU interpreter allows: V = 16, kappa = 3,
+    1,500 trials, each position tested at level 1e-3 (power: flags TV >= detectable_tv(1500, 16) ~ 0.1). Full power
+    for Triton comes from tests/test_kernels.py: bit-for-bit parity with the torch ops tested above at 200,000 trials."""
+    V, trials = 16, 1500
+    P, Q = markov(V, 1, 1.5), markov(V, 2, 1.5)
+    text = generate_text(sampler(method, recovery, backend="triton"), P, Q, 3, trials, True, seed=13)
+    assert detectable_tv(trials, V) < 0.12
+    assert min(position_tests(text, P)) > LEVEL
