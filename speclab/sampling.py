@@ -8,15 +8,14 @@ __all__ = ['PROB_TOL', 'FIXED_POINT', 'BACKENDS', 'cu_num_draft_tokens', 'padded
            'random_sample', 'residual_rows', 'request_of_row', 'recovered_exponential', 'fixed_point_widths',
            'recovered_inverse_cdf', 'chain_sample', 'block_weights', 'block_sample', 'mean_accepted', 'repeat_rows',
            'get_backend', 'rejection_sample', 'apply_temperature', 'apply_top_k', 'top_p_mask_sort',
-           'top_p_mask_partial', 'sampling_probs', 'thresholded_law', 'fixed_point_pick', 'tree_children',
-           'tree_verify', 'tree_step']
+           'top_p_mask_partial', 'sampling_probs', 'fixed_point_pick', 'tree_children', 'tree_verify', 'tree_step']
 
-# %% ../nbs/03_sampling.ipynb #271d19a6
+# %% ../nbs/03_sampling.ipynb #2171a951
 import math
 
 import torch
 
-# %% ../nbs/03_sampling.ipynb #aecb9f85
+# %% ../nbs/03_sampling.ipynb #716743af
 def cu_num_draft_tokens(num_draft_tokens):
     "Inclusive prefix sum of the per-request draft counts: request b owns rows cu[b-1] .. cu[b]-1."
     return torch.cumsum(torch.as_tensor(num_draft_tokens, dtype=torch.int64), 0)
@@ -29,7 +28,7 @@ def padded_index(num_draft_tokens):
     valid = pos[None, :] < n[:, None]
     return torch.where(valid, starts[:, None] + pos[None, :], 0), valid
 
-# %% ../nbs/03_sampling.ipynb #aedc467b
+# %% ../nbs/03_sampling.ipynb #a81ad91c
 PROB_TOL = 1e-3  # float32 rows over 128K tokens sum to 1 only approximately
 
 def check_prob_rows(x, name, rows=None):
@@ -44,7 +43,7 @@ def check_prob_rows(x, name, rows=None):
     if err > PROB_TOL: raise ValueError(f"{name} rows must sum to 1 (within {PROB_TOL:g}); worst row is off by {err:.3g}")
     return x
 
-# %% ../nbs/03_sampling.ipynb #4389281a
+# %% ../nbs/03_sampling.ipynb #f2136ec5
 def check_inputs(draft_token_ids, num_draft_tokens, draft_probs, target_probs, bonus_token_ids, is_greedy, generators):
     "Validate the arguments of `rejection_sample`; return num_draft_tokens as an int64 tensor."
     n = torch.as_tensor(num_draft_tokens)
@@ -67,7 +66,7 @@ def check_inputs(draft_token_ids, num_draft_tokens, draft_probs, target_probs, b
         raise ValueError(f"generators must be None or a list of {len(n)} entries (torch.Generator or None)")
     return n.to(torch.int64)
 
-# %% ../nbs/03_sampling.ipynb #8cb8af46
+# %% ../nbs/03_sampling.ipynb #dfc38b80
 def _rows(is_greedy, B, greedy):
     "Requests a path handles: greedy rows for the greedy path, the others for the random paths (all if None)."
     if is_greedy is None: return torch.ones(B, dtype=torch.bool)
@@ -84,7 +83,7 @@ def _write(output_token_ids, rows, num_draft_tokens, tokens, num_emitted, bonus_
     output_token_ids[rows] = new[rows.to(new.device)]
     return output_token_ids
 
-# %% ../nbs/03_sampling.ipynb #cae7c6c4
+# %% ../nbs/03_sampling.ipynb #111de8d9
 def greedy_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids, is_greedy=None):
     "Greedy verification, in place: emit the target's argmax up to the first mismatch, then the bonus if none."
     n = torch.diff(cu_num_draft_tokens.cpu(), prepend=torch.zeros(1, dtype=torch.int64))
@@ -97,7 +96,7 @@ def greedy_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids, target
     num_emitted = torch.minimum(num_accepted + 1, n.to(argmax.device))   # the mismatch position emits the argmax too
     return _write(output_token_ids, _rows(is_greedy, B, True), n, argmax, num_emitted, bonus_token_ids, num_accepted)
 
-# %% ../nbs/03_sampling.ipynb #8ae19283
+# %% ../nbs/03_sampling.ipynb #060d3990
 def _draw(num_draft_tokens, generators, rows, size, device):
     "float64 uniforms, size(n_b) per handled request with drafts: one shared draw for the unseeded, then the seeded."
     gens = generators if generators is not None else [None] * len(num_draft_tokens)
@@ -113,7 +112,7 @@ def generate_uniform_probs(num_draft_tokens, generators=None, is_greedy=None, de
     return torch.cat([d if len(d) else torch.zeros(n, dtype=torch.float64, device=device)
                       for d, n in zip(draws, num_draft_tokens.tolist())])
 
-# %% ../nbs/03_sampling.ipynb #30a874da
+# %% ../nbs/03_sampling.ipynb #175022a0
 def generate_exponentials(num_draft_tokens, vocab_size, generators=None, is_greedy=None, device="cpu"):
     "One float32 Exp(1) row over the vocabulary per non-greedy request with drafts (1.0 elsewhere)."
     draws = _draw(num_draft_tokens, generators, _rows(is_greedy, len(num_draft_tokens), False), lambda n: vocab_size, device)
@@ -127,7 +126,7 @@ def generate_residual_coins(num_draft_tokens, generators=None, is_greedy=None, d
     draws = _draw(num_draft_tokens, generators, _rows(is_greedy, len(num_draft_tokens), False), lambda n: 1, device)
     return torch.stack([d[0] if len(d) else torch.zeros((), dtype=torch.float64, device=device) for d in draws])
 
-# %% ../nbs/03_sampling.ipynb #2b11ff9d
+# %% ../nbs/03_sampling.ipynb #f2b86c82
 def _drafted_probs(draft_probs, target_probs, draft_token_ids, idx):
     "p(x) and q(x) at each request's drafted tokens, padded [B, S], float64 (q = 1 for a deterministic draft)."
     d = draft_token_ids[idx].clamp(min=0)
@@ -151,7 +150,7 @@ def random_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_
     num_emitted = torch.minimum(num_accepted + 1, n.to(idx.device))
     return _write(output_token_ids, _rows(is_greedy, B, False), n, tokens, num_emitted, bonus_token_ids, num_accepted)
 
-# %% ../nbs/03_sampling.ipynb #6df6eede
+# %% ../nbs/03_sampling.ipynb #8ba0c201
 def residual_rows(draft_probs, target_probs, draft_token_ids):
     "The unnormalised residual at every draft row, float32 [N, V], with the fallbacks above."
     prob = target_probs.clone() if draft_probs is None else (target_probs - draft_probs).clamp_(min=0)
@@ -168,13 +167,13 @@ def request_of_row(cu_num_draft_tokens):
     n = torch.diff(cu_num_draft_tokens.cpu(), prepend=torch.zeros(1, dtype=torch.int64))
     return torch.repeat_interleave(torch.arange(len(n)), n).to(cu_num_draft_tokens.device)
 
-# %% ../nbs/03_sampling.ipynb #34b46066
+# %% ../nbs/03_sampling.ipynb #1d3cb902
 def recovered_exponential(cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, exponentials):
     "Recovered token at every draft row by the exponential race: argmax residual / Exp(1), one noise row per request."
     prob = residual_rows(draft_probs, target_probs, draft_token_ids)
     return torch.argmax(prob / exponentials[request_of_row(cu_num_draft_tokens)], dim=-1)
 
-# %% ../nbs/03_sampling.ipynb #60547dfc
+# %% ../nbs/03_sampling.ipynb #cbb8daec
 FIXED_POINT = 2.0 ** 40
 
 def fixed_point_widths(prob):
@@ -190,7 +189,7 @@ def recovered_inverse_cdf(cu_num_draft_tokens, draft_token_ids, draft_probs, tar
     threshold = torch.minimum((Z.double() * residual_coins[request_of_row(cu_num_draft_tokens)]).to(torch.int64), Z - 1)
     return torch.argmax((torch.cumsum(w, -1) > threshold[:, None]).to(torch.int8), dim=-1)  # first bucket past it
 
-# %% ../nbs/03_sampling.ipynb #4f953e72
+# %% ../nbs/03_sampling.ipynb #9b189876
 def chain_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, bonus_token_ids,
                  uniform_probs, residual_coins, is_greedy=None):
     "Fused chain verification (SGLang style): the accept test, with an inverse-CDF recovered token at the first rejection."
@@ -198,7 +197,7 @@ def chain_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_p
     return random_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs,
                          bonus_token_ids, recovered, uniform_probs, is_greedy)
 
-# %% ../nbs/03_sampling.ipynb #6aa91a14
+# %% ../nbs/03_sampling.ipynb #f814c003
 def _block_rows(draft_probs, target_probs, draft_token_ids):
     "The q rows block verification uses: the draft row, one-hot for a deterministic draft, zero for a padded draft."
     if draft_probs is None:
@@ -217,7 +216,7 @@ def block_weights(draft_probs, target_probs, draft_token_ids, idx, valid):
         w.append(torch.where(ok[:, i], torch.clamp(w[-1] * p[:, i] / torch.where(ok[:, i], q[:, i], 1.0), max=1.0), 0.0))
     return torch.stack(w, 1)
 
-# %% ../nbs/03_sampling.ipynb #a8b3d9c5
+# %% ../nbs/03_sampling.ipynb #3ca3b822
 def block_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, bonus_token_ids,
                  uniform_probs, exponentials, is_greedy=None):
     "Block verification (Sun et al.), in place: accept the longest prefix whose joint test passes, then one more token."
@@ -248,7 +247,7 @@ def block_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_p
     tokens = torch.where(pos[None] - 1 < tau[:, None], draft_token_ids[idx], recovered[:, None])
     return _write(output_token_ids, _rows(is_greedy, B, False), n, tokens, torch.minimum(tau + 1, nd), bonus_token_ids, tau)
 
-# %% ../nbs/03_sampling.ipynb #0f93cb41
+# %% ../nbs/03_sampling.ipynb #235aa13a
 def mean_accepted(output_token_ids, num_draft_tokens):
     "Mean number of accepted drafts per request: emitted tokens minus the one recovered or bonus token."
     return ((output_token_ids >= 0).sum(1) - 1).double().mean().item()
@@ -260,7 +259,7 @@ def repeat_rows(p, q, rows, gamma, seed):
     P, Q = p.expand(rows * gamma, -1).contiguous(), q.expand(rows * gamma, -1).contiguous()
     return drafts, torch.full((rows,), gamma), Q, P, torch.multinomial(p, rows, replacement=True, generator=g)
 
-# %% ../nbs/03_sampling.ipynb #4e30220f
+# %% ../nbs/03_sampling.ipynb #3f8b3f51
 BACKENDS = {}  # name -> module providing greedy_sample, random_sample, recovered_exponential, chain_sample, block_sample
 
 def get_backend(name):
@@ -271,7 +270,7 @@ def get_backend(name):
         return importlib.import_module("speclab.kernels")  # Chapter 4: same op names, Triton kernels
     raise ValueError(f"backend must be 'torch' or 'triton', got {name!r}")
 
-# %% ../nbs/03_sampling.ipynb #e14848c5
+# %% ../nbs/03_sampling.ipynb #b343e3c7
 def rejection_sample(draft_token_ids, num_draft_tokens, draft_probs, target_probs, bonus_token_ids, *, is_greedy=None,
                      generators=None, method="standard", recovery="exponential", backend="torch", threshold_acc=1.0,
                      uniform_probs=None, exponentials=None, residual_coins=None):
@@ -303,7 +302,7 @@ def rejection_sample(draft_token_ids, num_draft_tokens, draft_probs, target_prob
         ops.random_sample(out, cu, draft_token_ids, draft_probs, target_probs, bonus_token_ids, rec, u, is_greedy, **kw)
     return out
 
-# %% ../nbs/03_sampling.ipynb #0c0bd126
+# %% ../nbs/03_sampling.ipynb #5421a6aa
 def apply_temperature(logits, temperature):
     "Divide each row's logits by its temperature; rows with temperature 0 become one-hot logits on the argmax."
     t = torch.as_tensor(temperature, dtype=logits.dtype, device=logits.device).expand(logits.shape[0])
@@ -321,7 +320,7 @@ def apply_top_k(logits, top_k):
     kth = logits.sort(-1, descending=True).values.gather(1, (k - 1)[:, None])
     return logits.masked_fill(logits < kth, -math.inf)
 
-# %% ../nbs/03_sampling.ipynb #f1cccee5
+# %% ../nbs/03_sampling.ipynb #6c9a735e
 def top_p_mask_sort(probs, top_p):
     "Reference top-p: sort each row, keep the most likely tokens until their mass reaches top_p. O(V log V)."
     p = torch.as_tensor(top_p, dtype=torch.float64, device=probs.device).expand(probs.shape[0])
@@ -343,7 +342,7 @@ def top_p_mask_partial(probs, top_p, k=64):
         todo, k = todo[~done], 2 * k
     return probs >= thresh[:, None]
 
-# %% ../nbs/03_sampling.ipynb #0cdbc9f0
+# %% ../nbs/03_sampling.ipynb #72d17a2e
 def sampling_probs(logits, temperature=1.0, top_k=0, top_p=1.0, top_p_method="partial"):
     "Logits [rows, V] -> probabilities under per-row temperature, top-k and top-p: one function for draft and target."
     if logits.dim() != 2 or not logits.is_floating_point(): raise TypeError("logits must be a 2-D floating-point tensor [rows, V]")
@@ -356,15 +355,7 @@ def sampling_probs(logits, temperature=1.0, top_k=0, top_p=1.0, top_p_method="pa
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
 
-# %% ../nbs/03_sampling.ipynb #2a1bb152
-def thresholded_law(p, q, threshold_acc):
-    "Exact law of one position under the lossy accept test u q t < p (float64 tensors)."
-    p, q = p.double(), q.double()
-    accept = torch.minimum(q, p / threshold_acc)
-    r = (p - q).clamp(min=0)
-    return accept + (1 - accept.sum()) * r / r.sum() if r.sum() > 0 else accept
-
-# %% ../nbs/03_sampling.ipynb #fe68718b
+# %% ../nbs/03_sampling.ipynb #fa6744bc
 def fixed_point_pick(prob, u):
     "Inverse CDF of one row with fixed-point widths (as `recovered_inverse_cdf`): the token whose slice holds u."
     w = fixed_point_widths(prob)
@@ -379,7 +370,7 @@ def tree_children(parents):
         if len(k) != len(set(k)): raise ValueError("parents lists a node twice")
     return kids
 
-# %% ../nbs/03_sampling.ipynb #c5e8b870
+# %% ../nbs/03_sampling.ipynb #9eb23ea2
 def tree_verify(tree_tokens, parents, target_probs, coins, final_coin):
     "Target-only tree verification (SGLang's default): the accepted path's tokens plus one recovered or bonus token."
     kids, tokens = tree_children(list(parents)), list(tree_tokens)
@@ -397,7 +388,7 @@ def tree_verify(tree_tokens, parents, target_probs, coins, final_coin):
         out.append(x); node = child
     return out + [fixed_point_pick(target_probs[node].double(), final_coin)]   # a leaf: the bonus
 
-# %% ../nbs/03_sampling.ipynb #e7393767
+# %% ../nbs/03_sampling.ipynb #2f7f47cb
 def tree_step(prefix, target_fn, draft_fn, kappa, rng, width=2):
     "One tree-speculation step (depth `kappa`, `width` children per node) in the `step` contract of Chapter 1."
     tokens, parents, paths = [0], [-1], [()]
