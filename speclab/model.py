@@ -39,6 +39,7 @@ class LlamaArgs:
     rope_scaling: dict | None = None  # {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
     attention_bias: bool = False
     mlp_bias: bool = False
+    max_position_embeddings: int | None = None  # the context the model was trained for (None: unchecked)
 
     @classmethod
     def from_config(cls, config):
@@ -53,7 +54,7 @@ class LlamaArgs:
         if rtype not in ROPE_TYPES: raise ValueError(f"rope_type must be one of {ROPE_TYPES}, got {rtype!r}")
         return cls(s.vocab_size, s.hidden_size, s.intermediate_size, s.num_layers, s.num_heads, s.num_kv_heads, s.head_dim,
                    s.tied_embeddings, float(cfg.get("rms_norm_eps", 1e-5)), float(theta), rope if rtype == "llama3" else None,
-                   bool(cfg.get("attention_bias", False)), bool(cfg.get("mlp_bias", False)))
+                   bool(cfg.get("attention_bias", False)), bool(cfg.get("mlp_bias", False)), cfg.get("max_position_embeddings"))
 
 # %% ../nbs/07_model.ipynb #2e2b86ad
 def _linear(i, o, bias): return nn.Linear(i, o, bias=bias)
@@ -168,6 +169,10 @@ def _check_forward(tokens, cache, num_new, args):
     if (end > cache.max_len).any():
         b = int(torch.argmax((end > cache.max_len).to(torch.int8)))
         raise ValueError(f"request {b} would reach {int(end[b])} positions but the cache holds max_len={cache.max_len}")
+    ctx = args.max_position_embeddings
+    if ctx is not None and (end > ctx).any():
+        b = int(torch.argmax((end > ctx).to(torch.int8)))
+        raise ValueError(f"request {b} would reach {int(end[b])} positions, beyond the model's context (max_position_embeddings={ctx})")
     if T and (tokens.min() < 0 or tokens.max() >= args.vocab_size): raise ValueError(f"tokens must lie in [0, {args.vocab_size})")
     return n
 
@@ -255,10 +260,13 @@ def parity_error(hf, model, seq, prefill, kappa=4, reject=2):
 @torch.no_grad()
 def generate(model, tokenizer, prompt, max_new_tokens=32, temperature=1.0, top_k=0, top_p=1.0, seed=0):
     "New token ids after prompt (text, with a tokenizer, or a list of ids), sampled one position at a time."
-    ids = tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
     if isinstance(prompt, str) and tokenizer is None: raise ValueError("a text prompt needs a tokenizer")
+    ids = tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
     if not ids: raise ValueError("prompt must hold at least one token")
     if max_new_tokens < 0: raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    ctx = model.args.max_position_embeddings
+    if ctx is not None and len(ids) + max_new_tokens > ctx:
+        raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context of {ctx} positions")
     eos = getattr(tokenizer, "eos_token_id", None)
     dev = next(model.parameters()).device
     cache = KVCache(model.args, 1, len(ids) + max_new_tokens, dtype=model.head_weight.dtype, device=dev)

@@ -1,0 +1,107 @@
+"""speclab.train and the shipped tiny pair: the training script end to end (tiny run, resume), the shipped files
+(size, format, parity with transformers, tokenizer), held-out acceptance, and bad input."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from speclab.model import forward, generate, KVCache, load_model, load_tokenizer, parity_error
+from speclab.train import (greedy_acceptance, heldout_prompts, main, read_corpus, tiny_pair_path)
+
+PAIR = tiny_pair_path("target").parent
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return read_corpus()
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_model(tiny_pair_path("target")), load_model(tiny_pair_path("draft")), load_tokenizer(tiny_pair_path("target"))
+
+
+def test_shipped_files_and_size():
+    files = [p for p in PAIR.rglob("*") if p.is_file()]
+    names = {p.relative_to(PAIR).as_posix() for p in files}
+    for m in ("target", "draft"):
+        for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"): assert f"{m}/{f}" in names
+    assert "train_log.json" in names
+    assert sum(p.stat().st_size for p in files) <= 40e6
+
+
+def test_training_log_matches_this_corpus(corpus):
+    log = json.loads((PAIR / "train_log.json").read_text())
+    assert log["corpus_digest"] == corpus[1]
+    assert log["target"][-1]["step"] == log["args"]["target_steps"] and log["draft"][-1]["step"] == log["args"]["draft_steps"]
+    assert (log["target"][-1]["seconds"] + log["draft"][-1]["seconds"]) / 60 <= 90
+    assert log["target_heldout_loss"] < log["draft_heldout_loss"] < 8.318  # both far below uniform (ln 4096)
+
+
+def test_shipped_pair_matches_transformers(pair, corpus):
+    from transformers import AutoModelForCausalLM
+    target, draft, tok = pair
+    ids = heldout_prompts(tok.backend_tokenizer, corpus[0]["heldout"], n=1, prompt_len=40, seed=5)[0]
+    for name, model in (("target", target), ("draft", draft)):
+        hf = AutoModelForCausalLM.from_pretrained(str(tiny_pair_path(name)), dtype=torch.float32).eval()
+        assert parity_error(hf, model, torch.tensor(ids), prefill=30) < 1e-4, name
+
+
+def test_shared_tokenizer_round_trips(pair):
+    target, draft, tok = pair
+    assert load_tokenizer(tiny_pair_path("draft")).get_vocab() == tok.get_vocab()
+    assert target.args.vocab_size == draft.args.vocab_size == len(tok)
+    text = "class Foo(Bar):\n    def __init__(self, x=1):\n        self.x = x  # é\n"
+    assert tok.decode(tok(text)["input_ids"]) == text
+
+
+def test_heldout_greedy_acceptance_at_least_half(pair, corpus):
+    """Deterministic (greedy, fixed prompts): the pair's per-token greedy acceptance on held-out files is >= 0.5."""
+    target, draft, tok = pair
+    prompts = heldout_prompts(tok.backend_tokenizer, corpus[0]["heldout"], n=12, prompt_len=48, seed=1)
+    assert greedy_acceptance(target, draft, prompts, new_tokens=24) >= 0.5
+
+
+def test_context_limit(pair):
+    target, _, tok = pair
+    ctx = target.args.max_position_embeddings
+    assert ctx == 512
+    with pytest.raises(ValueError, match="context of 512"): generate(target, None, [1] * 500, max_new_tokens=20)
+    with pytest.raises(ValueError, match="max_position_embeddings=512"):
+        forward(target, torch.ones(1, 513, dtype=torch.long), KVCache(target.args, 1, 600))
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda cfg: {**cfg, "model_type": "gpt2"}, "model_type"),
+    (lambda cfg: {**cfg, "intermediate_size": 700}, "tensor model.layers.0.mlp.gate_proj.weight has shape"),
+])
+def test_bad_checkpoint_copies(tmp_path, edit, match):
+    d = tmp_path / "t"
+    shutil.copytree(tiny_pair_path("draft"), d)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(edit(cfg)))
+    with pytest.raises(ValueError, match=match): load_model(d)
+    (d / "model.safetensors").unlink()
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(FileNotFoundError, match="model.safetensors"): load_model(d)
+
+
+def test_train_script_end_to_end_and_resume(tmp_path):
+    """A tiny run of the real script (stdlib corpus, BPE, 12-layer target, distilled draft), then a rerun that resumes."""
+    argv = ["--out", str(tmp_path), "--target-steps", "2", "--draft-steps", "2", "--seq-len", "32", "--batch-size", "2",
+            "--vocab-size", "512", "--no-progress"]
+    log = main(argv)
+    assert [e["step"] for e in log["target"]] == [1, 2] and [e["step"] for e in log["draft"]] == [1, 2]
+    target, draft, tok = load_model(tmp_path / "target"), load_model(tmp_path / "draft"), load_tokenizer(tmp_path / "draft")
+    assert target.args.num_layers == 12 and draft.args.num_layers == 2 and len(tok) == 512
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    log2 = main(argv)                                         # resumes: both checkpoints are complete, nothing retrains
+    assert log2["target"] == log["target"] and log2["draft"] == log["draft"]
+    after = load_model(tmp_path / "target").state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_train_script_bad_arguments(capsys):
+    with pytest.raises(SystemExit) as e: main(["--target-steps", "0"])
+    assert e.value.code == 2 and "--target-steps must be >= 1" in capsys.readouterr().err
