@@ -7,7 +7,7 @@ __all__ = ['SamplingParams', 'Output', 'ngram_propose', 'NgramDrafter', 'request
            'conditional_rates', 'synthetic_verify', 'kappa_for_batch', 'check_schedule', 'stop_cut', 'final_text',
            'SpecDecoder', 'verify', 'tiny_random_pair', 'sequence_law']
 
-# %% ../nbs/08_engine.ipynb #a98a8246
+# %% ../nbs/08_engine.ipynb #fba7d837
 import math
 import time
 from dataclasses import dataclass, field
@@ -18,7 +18,7 @@ from .metadata import SpecDecodeMetadata, expand_batch_to_tokens
 from .model import KVCache, forward
 from .sampling import rejection_sample, sampling_probs
 
-# %% ../nbs/08_engine.ipynb #785518c0
+# %% ../nbs/08_engine.ipynb #65a3e0e5
 @dataclass
 class SamplingParams:
     "Per-request sampling settings, validated on construction (names as in vLLM)."
@@ -47,7 +47,7 @@ class SamplingParams:
     @property
     def greedy(self): return self.temperature == 0
 
-# %% ../nbs/08_engine.ipynb #4b3ecab2
+# %% ../nbs/08_engine.ipynb #b2fa1725
 @dataclass
 class Output:
     "What one request produced: new token ids, their text, why it finished (length | stop | error) and any error."
@@ -57,7 +57,7 @@ class Output:
     error: str | None = None
     num_steps: int = 0                 # speculative steps that emitted tokens for this request
 
-# %% ../nbs/08_engine.ipynb #1fa42141
+# %% ../nbs/08_engine.ipynb #8f92b57b
 def ngram_propose(tokens, kappa, n=3, min_n=1):
     "Prompt lookup: the (up to) kappa tokens that followed the latest earlier occurrence of the last m tokens, m = n..min_n."
     for m in range(min(n, len(tokens) - 1), min_n - 1, -1):
@@ -78,7 +78,7 @@ class NgramDrafter:
     def commit(self, b, old_len, num_accepted, kappa): pass
     def release(self, b): pass
 
-# %% ../nbs/08_engine.ipynb #31e6a0b9
+# %% ../nbs/08_engine.ipynb #6891c6c6
 def request_probs(logits, params):
     "The sampling transforms of each row's request (temperature, top-k, top-p): the same function for p and q."
     t = torch.tensor([p.temperature for p in params], dtype=torch.float64)
@@ -112,11 +112,13 @@ class ModelDrafter:
         logits = self._feed([c[self.seen[b]:] if k else [] for b, (c, k) in enumerate(zip(contexts, kappas))])
         for j in range(max(kappas, default=0)):
             live = [b for b, k in enumerate(kappas) if k > j]
-            probs = request_probs(logits[live], [params[b] for b in live])
+            argmax_only = self.greedy or all(params[b].greedy for b in live)  # then q is never read: skip the transforms
+            probs = None if argmax_only else request_probs(logits[live], [params[b] for b in live])
             for i, b in enumerate(live):
-                tok = _draw(probs[i], self.greedy or params[b].greedy, generators[b])
+                tok = int(logits[b].argmax()) if argmax_only else _draw(probs[i], self.greedy or params[b].greedy, generators[b])
                 drafts[b].append(tok)
-                rows[b].append(torch.nn.functional.one_hot(torch.tensor(tok), probs.shape[1]).to(probs) if self.greedy else probs[i])
+                one_hot = self.greedy or argmax_only
+                rows[b].append(torch.nn.functional.one_hot(torch.tensor(tok), logits.shape[1]).float() if one_hot else probs[i])
             if j + 1 < max(kappas): logits = self._feed([[d[-1]] if k > j + 1 else [] for d, k in zip(drafts, kappas)])
         for b, k in enumerate(kappas):
             if k: self.seen[b] = len(contexts[b]) + k - 1      # the last draft was drawn but never fed
@@ -129,7 +131,7 @@ class ModelDrafter:
         self.cache.rollback(b, self.seen[b] - keep); self.seen[b] = keep
     def release(self, b): self.cache.lengths[b] = 0; self.seen[b] = 0
 
-# %% ../nbs/08_engine.ipynb #8decb8ac
+# %% ../nbs/08_engine.ipynb #43d0fb10
 @dataclass
 class SpecMetrics:
     "Counters in vLLM's convention: a draft is one request-step with kappa > 0; the bonus is not an accepted token."
@@ -156,7 +158,7 @@ class SpecMetrics:
                 f"Per-position acceptance rate: {', '.join(f'{r:.3f}' for r in self.per_position)}, "
                 f"Avg Draft acceptance rate: {100 * self.acceptance_rate:.1f}%")
 
-# %% ../nbs/08_engine.ipynb #2e6c204d
+# %% ../nbs/08_engine.ipynb #090db6bc
 def conditional_rates(rates):
     "Unconditional per-position acceptance rates a_1 >= a_2 >= ... -> conditional ones a_i / a_(i-1)."
     r = [float(x) for x in rates]
@@ -174,7 +176,7 @@ def synthetic_verify(drafts, target_probs, bonus, params, generators, cond):
         out.append(d[:n] + [last]); row += len(d)
     return out
 
-# %% ../nbs/08_engine.ipynb #1cfe309c
+# %% ../nbs/08_engine.ipynb #aacd39c2
 def kappa_for_batch(schedule, batch_size):
     "kappa from a schedule {max batch size: kappa} (vLLM's num_speculative_tokens_per_batch_size): 0 past the last entry."
     if isinstance(schedule, int): return schedule
@@ -191,7 +193,7 @@ def check_schedule(kappa):
         if isinstance(kappa, dict) and (not isinstance(bmax, int) or bmax < 1): raise ValueError(f"kappa schedule keys must be batch sizes >= 1, got {bmax!r}")
     return kappa
 
-# %% ../nbs/08_engine.ipynb #4bf9b4fb
+# %% ../nbs/08_engine.ipynb #a87e91fb
 def stop_cut(new, generated, params, stop_ids, tokenizer):
     "How many of the new tokens to keep, and whether a stop token or string ended the request there."
     keep = min(len(new), params.max_tokens - len(generated))
@@ -210,7 +212,7 @@ def final_text(token_ids, params, stop_ids, tokenizer):
     cuts = [text.find(s) for s in params.stop if s in text]
     return text[:min(cuts)] if cuts else text
 
-# %% ../nbs/08_engine.ipynb #c37b0c88
+# %% ../nbs/08_engine.ipynb #03ec5ad7
 class SpecDecoder:
     "Speculative decoding over a batch of requests: drafter -> metadata -> one target verify -> rejection sampler -> KV."
     def __init__(self, target, drafter=None, tokenizer=None, kappa=3, backend="torch", synthetic_rates=None, seed=0):
@@ -227,7 +229,7 @@ class SpecDecoder:
         self.target, self.drafter, self.tokenizer, self.backend = target, drafter, tokenizer, backend
         self.device = target.head_weight.device
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
-        self.metrics, self.stats = SpecMetrics(), {"steps": 0, "target_s": 0.0, "draft_s": 0.0, "sample_s": 0.0}
+        self.metrics, self.stats = SpecMetrics(), {"steps": 0, "target_s": 0.0, "draft_s": 0.0}
 
     def _check(self, prompt, params):
         "The request's prompt ids, or a ValueError naming what is wrong with it."
@@ -247,7 +249,7 @@ class SpecDecoder:
         if params.ignore_eos and eos in params.stop_token_ids: raise ValueError(f"ignore_eos=True conflicts with the EOS id {eos} in stop_token_ids")
         return ids
 
-# %% ../nbs/08_engine.ipynb #3df9a040
+# %% ../nbs/08_engine.ipynb #cfeedb7a
 def _gens(params, shared, device):
     "Per request: (target generator, draft generator). Seeded requests own theirs; the rest share the engine's."
     if params.seed is None: return shared, shared
@@ -271,7 +273,7 @@ def verify(target, cache, blocks, act, drafts, params, draft_probs, generators, 
                            is_greedy=torch.tensor([p.greedy for p in params], device=dev), generators=list(generators), backend=backend)
     return [[t for t in row if t >= 0] for row in out.tolist()]
 
-# %% ../nbs/08_engine.ipynb #01a39fa6
+# %% ../nbs/08_engine.ipynb #9b09be31
 def _generate(self, prompts, params=None, on_tokens=None):
     "Outputs for a batch of prompts (text or token ids), each with its own SamplingParams; on_tokens(i, ids) streams."
     if isinstance(prompts, (str, bytes)) or not isinstance(prompts, (list, tuple)): raise TypeError("prompts must be a list of prompts")
@@ -327,7 +329,7 @@ def _generate(self, prompts, params=None, on_tokens=None):
 
 SpecDecoder.generate = _generate
 
-# %% ../nbs/08_engine.ipynb #df47313c
+# %% ../nbs/08_engine.ipynb #ecd76075
 def tiny_random_pair(vocab_size=8, seed=0, dtype=torch.float64, context=64):
     "A random 2-layer target and 1-layer draft over a tiny vocabulary (std 0.5 weights: peaked, unlike each other)."
     from speclab.model import Llama, LlamaArgs

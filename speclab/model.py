@@ -137,19 +137,19 @@ class KVCache:
         self.lengths[b] -= n
 
 # %% ../nbs/07_model.ipynb #3b614696
-def attention(layer, x, cos, sin, k_cache, v_cache, b_idx, pos_idx, valid, mask, args):
-    "Grouped-query attention of x [B, T, d]: write new K/V into the cache slots, attend over the masked cache."
+def attention(layer, x, cos, sin, k_cache, v_cache, b_idx, t_idx, pos_idx, mask, args):
+    "Grouped-query attention of x [B, T, d]: write new K/V into the cache slots, attend over the masked cache prefix."
     B, T, _ = x.shape
     at, hd = layer.self_attn, args.head_dim
     q = at.q_proj(x).view(B, T, args.num_heads, hd).transpose(1, 2)
     k = at.k_proj(x).view(B, T, args.num_kv_heads, hd).transpose(1, 2)
     v = at.v_proj(x).view(B, T, args.num_kv_heads, hd).transpose(1, 2)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    k_cache[b_idx, :, pos_idx] = k.transpose(1, 2)[valid].to(k_cache.dtype)  # [N, kv_heads, hd] into N slots
-    v_cache[b_idx, :, pos_idx] = v.transpose(1, 2)[valid].to(v_cache.dtype)
-    rep = args.num_heads // args.num_kv_heads
-    K, V = k_cache.repeat_interleave(rep, 1), v_cache.repeat_interleave(rep, 1)
-    o = F.scaled_dot_product_attention(q, K.to(q.dtype), V.to(q.dtype), attn_mask=mask[:, None])
+    k_cache[b_idx, :, pos_idx] = k[b_idx, :, t_idx].to(k_cache.dtype)     # [N, kv_heads, hd] into N slots
+    v_cache[b_idx, :, pos_idx] = v[b_idx, :, t_idx].to(v_cache.dtype)
+    L = mask.shape[-1]                                                    # only the slots some request can see
+    K, V = k_cache[:, :, :L].to(q.dtype), v_cache[:, :, :L].to(q.dtype)
+    o = F.scaled_dot_product_attention(q, K, V, attn_mask=mask[:, None], enable_gqa=args.num_heads != args.num_kv_heads)
     return at.o_proj(o.transpose(1, 2).reshape(B, T, -1))
 
 def mlp(layer, x):
@@ -185,12 +185,13 @@ def forward(model, tokens, cache, num_new=None):
     tokens = tokens.to(dev)
     pos = cache.lengths[:, None] + torch.arange(T, device=dev)                      # [B, T] absolute positions
     valid = torch.arange(T, device=dev)[None] < n[:, None]                          # [B, T] real (not padding)
-    b_idx, pos_idx = torch.arange(B, device=dev)[:, None].expand(B, T)[valid], pos[valid]
-    mask = torch.arange(cache.max_len, device=dev)[None, None] <= pos[..., None]    # [B, T, max_len]: s <= l_b + j
+    b_idx, t_idx = valid.nonzero(as_tuple=True)                                     # the N real tokens
+    pos_idx, L = pos[b_idx, t_idx], max(1, int((cache.lengths + n).max()))
+    mask = torch.arange(L, device=dev)[None, None] <= pos[..., None]                # [B, T, L]: s <= l_b + j
     x = model.model.embed_tokens(tokens)
     cos, sin = rope_cos_sin(model.inv_freq, pos, x.dtype)
     for i, layer in enumerate(model.model.layers):
-        x = x + attention(layer, layer.input_layernorm(x), cos, sin, cache.k[i], cache.v[i], b_idx, pos_idx, valid, mask, args)
+        x = x + attention(layer, layer.input_layernorm(x), cos, sin, cache.k[i], cache.v[i], b_idx, t_idx, pos_idx, mask, args)
         x = x + mlp(layer, layer.post_attention_layernorm(x))
     cache.lengths += n
     return model.model.norm(x) @ model.head_weight.T
@@ -273,7 +274,7 @@ def generate(model, tokenizer, prompt, max_new_tokens=32, temperature=1.0, top_k
     gen = torch.Generator(device=dev).manual_seed(seed)
     logits, out = forward(model, torch.tensor([ids]), cache)[:, -1], []
     for _ in range(max_new_tokens):
-        tok = int(torch.multinomial(sampling_probs(logits, temperature, top_k, top_p), 1, generator=gen))
+        tok = int(logits.argmax()) if temperature == 0 else int(torch.multinomial(sampling_probs(logits, temperature, top_k, top_p), 1, generator=gen))
         out.append(tok)
         if tok == eos: break
         logits = forward(model, torch.tensor([[tok]]), cache)[:, -1]

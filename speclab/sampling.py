@@ -316,7 +316,9 @@ def apply_top_k(logits, top_k):
     "Keep each row's k largest logits (k <= 0 or k >= V keeps the row); the rest become -inf."
     V = logits.shape[1]
     k = torch.as_tensor(top_k, device=logits.device).expand(logits.shape[0]).long()
-    k = torch.where((k <= 0) | (k >= V), V, k)
+    off = (k <= 0) | (k >= V)
+    if off.all(): return logits                                      # nothing to cut: skip the sort
+    k = torch.where(off, V, k)
     kth = logits.sort(-1, descending=True).values.gather(1, (k - 1)[:, None])
     return logits.masked_fill(logits < kth, -math.inf)
 
