@@ -40,7 +40,8 @@ class SamplingParams:
         if not isinstance(self.top_k, int) or self.top_k < 0: raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}")
         if not 0 < self.top_p <= 1: raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1: raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
-        if self.seed is not None and not isinstance(self.seed, int): raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)): raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
+        if self.seed is not None and not 0 <= self.seed < 2 ** 63: raise ValueError(f"seed must lie in [0, 2**63), got {self.seed}")
         if self.kappa is not None and (not isinstance(self.kappa, int) or self.kappa < 0): raise ValueError(f"kappa must be None or an int >= 0, got {self.kappa!r}")
         if any(not isinstance(s, str) or not s for s in self.stop): raise ValueError(f"stop must hold non-empty strings, got {self.stop!r}")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids): raise ValueError(f"stop_token_ids must be token ids >= 0, got {self.stop_token_ids!r}")
@@ -254,7 +255,7 @@ def _gens(params, shared, device):
     "Per request: (target generator, draft generator). Seeded requests own theirs; the rest share the engine's."
     if params.seed is None: return shared, shared
     return (torch.Generator(device=device).manual_seed(params.seed),
-            torch.Generator(device=device).manual_seed(params.seed + 0x9E3779B97F4A7C15 % 2**62))
+            torch.Generator(device=device).manual_seed((params.seed + 0x9E3779B97F4A7C15) % 2 ** 63))
 
 def verify(target, cache, blocks, act, drafts, params, draft_probs, generators, backend="torch", cond=None):
     "One target forward over every request's new tokens and drafts, then the rejection sampler: emitted tokens per active request."

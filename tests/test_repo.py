@@ -116,7 +116,7 @@ def test_readme_two_commands():
     blocks = readme_commands((ROOT / "README.md").read_text(encoding="utf-8"))
     assert [len(b) for b in blocks] == [1, 1], f"want two one-line ```sh blocks, got {blocks}"
     setup, tests = blocks[0][0].strip(), blocks[1][0].strip()
-    assert "pip install" in setup and re.search(r"\bspeclab (proof|demo)$", setup), setup
+    assert "pip install" in setup and re.search(r"\bspeclab demo$", setup), setup
     assert re.search(r"\bpytest\b", tests), tests
     r = run(["bash", ROOT / ".ci" / "run", "--dry-run"], cwd=ROOT)
     assert r.returncode == 0, output(r)
@@ -168,7 +168,10 @@ def test_wheel_builds_and_installs_without_dev_tools(tmp_path, repo_files, setti
     with zipfile.ZipFile(wheel) as z:
         names, meta, eps = set(z.namelist()), _dist_info(z, "METADATA"), _dist_info(z, "entry_points.txt")
     assert {"speclab/__init__.py", "speclab/proof.py", "speclab/roofline.py",
-            "speclab/data/configs/llama-3-8b.json", "speclab/data/configs/llama-3.2-1b.json"} <= names, sorted(names)
+            "speclab/data/configs/llama-3-8b.json", "speclab/data/configs/llama-3.2-1b.json",
+            "speclab/data/tiny-pair/train_log.json"} <= names, sorted(names)
+    for m in ("target", "draft"):
+        assert {f"speclab/data/tiny-pair/{m}/{f}" for f in ("config.json", "model.safetensors", "tokenizer.json")} <= names
     ep = ConfigParser(delimiters=["="]); ep.read_string(eps)
     assert "speclab" in ep["console_scripts"], eps
     target = ep["console_scripts"]["speclab"].split(":")[0]
@@ -194,3 +197,5 @@ def test_wheel_builds_and_installs_without_dev_tools(tmp_path, repo_files, setti
         assert r.returncode != 0 and "ModuleNotFoundError" in r.stderr, f"{mod} is installed with the wheel"
     r = run([venv / "bin" / "speclab", "--version"], cwd=cwd, env=env)
     assert r.returncode == 0 and settings["version"] in r.stdout, output(r)
+    r = run([venv / "bin" / "speclab", "demo", "--max-tokens", "12"], cwd=cwd, env=env, timeout=600)  # the shipped pair, installed
+    assert r.returncode == 0 and "greedy outputs identical to plain decoding: yes" in r.stdout, output(r)
