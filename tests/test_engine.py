@@ -21,7 +21,7 @@ through the Triton interpreter. So the default sizes are set by the file's time 
 * torch, 24 combinations (kappa 1/3/5 x model/n-gram x 4 settings), N_LAW = 15,000 draws each (382,500 requests, about
   2 minutes): flags TV >= 0.063 on the 512-outcome laws and TV >= 0.037 on the 27-outcome top_k = 3 laws.
   SPECLAB_ENGINE_SAMPLES=100000 runs the same grid at 100,000 draws per combination (TV >= 0.024 / 0.014; about
-  25 CPU minutes).
+  16 minutes for the law tests on an idle 2-core CPU).
 * triton: 100,000 draws would cost over an hour of CPU per combination, so the law is carried over from torch: for
   all 6 (kappa, drafter) pairs, with all four settings and seeded requests in the batch and the same engine seed, the
   triton engine emits exactly the torch engine's tokens (given the same coins its kernels are bit-for-bit the torch ops,
