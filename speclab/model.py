@@ -132,9 +132,11 @@ class KVCache:
     @property
     def batch_size(self): return len(self.lengths)
     def rollback(self, b, n):
-        "Forget the last n positions of request b."
-        if not 0 <= n <= int(self.lengths[b]): raise ValueError(f"n must lie in [0, {int(self.lengths[b])}] for request {b}, got {n}")
-        self.lengths[b] -= n
+        "Forget the last n positions of request b (or, with index tensors b and n, of each request in b at once)."
+        b, n = torch.as_tensor(b, device=self.lengths.device), torch.as_tensor(n, device=self.lengths.device)
+        have = self.lengths[b]
+        if ((n < 0) | (n > have)).any(): raise ValueError(f"n must lie in [0, {have.tolist()}] for request {b.tolist()}, got {n.tolist()}")
+        self.lengths[b] = have - n
 
 # %% ../nbs/07_model.ipynb #3b614696
 def attention(layer, x, cos, sin, k_cache, v_cache, b_idx, t_idx, pos_idx, mask, args):

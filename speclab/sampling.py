@@ -98,33 +98,41 @@ def greedy_sample(output_token_ids, cu_num_draft_tokens, draft_token_ids, target
 
 # %% ../nbs/03_sampling.ipynb #060d3990
 def _draw(num_draft_tokens, generators, rows, size, device):
-    "float64 uniforms, size(n_b) per handled request with drafts: one shared draw for the unseeded, then the seeded."
+    "float64 uniforms, size(n_b) per handled request with drafts, concatenated in request order: one draw per generator."
     gens = generators if generators is not None else [None] * len(num_draft_tokens)
-    sizes = [size(n) if (n > 0 and rows[b]) else 0 for b, n in enumerate(num_draft_tokens.tolist())]
-    unseeded = [s for s, g in zip(sizes, gens) if g is None]
-    shared = iter(torch.rand(sum(unseeded), dtype=torch.float64, device=device).split(unseeded))
-    return [next(shared) if g is None else torch.rand(s, dtype=torch.float64, generator=g, device=g.device).to(device)
-            for s, g in zip(sizes, gens)]
+    sizes = torch.tensor([size(n) if (n > 0 and r) else 0 for n, r in zip(num_draft_tokens.tolist(), rows.tolist())], dtype=torch.int64)
+    starts, out, groups = sizes.cumsum(0) - sizes, torch.empty(int(sizes.sum()), dtype=torch.float64, device=device), {}
+    for b, g in enumerate(gens): groups.setdefault(id(g), (g, []))[1].append(b)   # requests that share a generator
+    for g, bs in groups.values():                                                  # draw in one call, then scatter
+        n = sizes[bs]
+        slots = torch.arange(int(n.sum())) + torch.repeat_interleave(starts[bs] - (n.cumsum(0) - n), n)
+        out[slots.to(device)] = torch.rand(len(slots), dtype=torch.float64, generator=g, device=device if g is None else g.device).to(device)
+    return out
 
 def generate_uniform_probs(num_draft_tokens, generators=None, is_greedy=None, device="cpu"):
     "One float64 coin per draft position of each non-greedy request with drafts (0.0 elsewhere)."
-    draws = _draw(num_draft_tokens, generators, _rows(is_greedy, len(num_draft_tokens), False), lambda n: n, device)
-    return torch.cat([d if len(d) else torch.zeros(n, dtype=torch.float64, device=device)
-                      for d, n in zip(draws, num_draft_tokens.tolist())])
+    n = num_draft_tokens.cpu()
+    rows = _rows(is_greedy, len(n), False)
+    u = torch.zeros(int(n.sum()), dtype=torch.float64, device=device)
+    u[torch.repeat_interleave(rows, n).to(device)] = _draw(n, generators, rows, lambda k: k, device)
+    return u
 
 # %% ../nbs/03_sampling.ipynb #175022a0
 def generate_exponentials(num_draft_tokens, vocab_size, generators=None, is_greedy=None, device="cpu"):
     "One float32 Exp(1) row over the vocabulary per non-greedy request with drafts (1.0 elsewhere)."
-    draws = _draw(num_draft_tokens, generators, _rows(is_greedy, len(num_draft_tokens), False), lambda n: vocab_size, device)
-    out = torch.ones(len(draws), vocab_size, device=device)
-    has = torch.tensor([len(d) > 0 for d in draws], device=device)
-    if has.any(): out[has] = (-torch.log1p(-torch.stack([d for d in draws if len(d)]))).float().clamp_(min=torch.finfo(torch.float32).tiny)
+    n = num_draft_tokens.cpu()
+    rows = _rows(is_greedy, len(n), False)
+    e, out = _draw(n, generators, rows, lambda k: vocab_size, device), torch.ones(len(n), vocab_size, device=device)
+    out[(rows & (n > 0)).to(device)] = (-torch.log1p(-e.view(-1, vocab_size))).float().clamp_(min=torch.finfo(torch.float32).tiny)
     return out
 
 def generate_residual_coins(num_draft_tokens, generators=None, is_greedy=None, device="cpu"):
     "One float64 coin per non-greedy request with drafts, for the inverse-CDF recovered token (0.0 elsewhere)."
-    draws = _draw(num_draft_tokens, generators, _rows(is_greedy, len(num_draft_tokens), False), lambda n: 1, device)
-    return torch.stack([d[0] if len(d) else torch.zeros((), dtype=torch.float64, device=device) for d in draws])
+    n = num_draft_tokens.cpu()
+    rows = _rows(is_greedy, len(n), False)
+    c = torch.zeros(len(n), dtype=torch.float64, device=device)
+    c[(rows & (n > 0)).to(device)] = _draw(n, generators, rows, lambda k: 1, device)
+    return c
 
 # %% ../nbs/03_sampling.ipynb #f2b86c82
 def _drafted_probs(draft_probs, target_probs, draft_token_ids, idx):
