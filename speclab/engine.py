@@ -16,7 +16,7 @@ import torch
 
 from .metadata import SpecDecodeMetadata, expand_batch_to_tokens
 from .model import KVCache, forward
-from .sampling import generate_uniform_probs, rejection_sample, sampling_probs
+from .sampling import generate_uniform_probs, get_backend, rejection_sample, sampling_probs
 
 # %% ../nbs/08_engine.ipynb #65a3e0e5
 @dataclass
@@ -285,8 +285,15 @@ def verify(target, cache, blocks, act, drafts, params, draft_probs, generators, 
     dev = logits.device
     md = SpecDecodeMetadata.from_drafts(drafts, torch.tensor([n[b] for b in act]).cumsum(0), device=dev)
     flat = logits[torch.arange(toks.shape[1], device=dev)[None] < torch.tensor(n, device=dev)[:, None]]  # active rows, in order
+    greedy = [p.greedy for p in params]
+    if cond is None and all(greedy):           # greedy batch: the sampler reads only argmaxes, so skip the transforms
+        am = flat[md.logits_indices].argmax(-1)
+        out = torch.full((len(drafts), md.max_spec_len + 1), -1, dtype=torch.int64, device=dev)
+        get_backend(backend).greedy_sample(out, md.cu_num_draft_tokens, md.draft_token_ids, am[md.target_logits_indices],
+                                           am[md.bonus_logits_indices])
+        return [row[:n] for row, n in zip(out.tolist(), (out >= 0).sum(1).tolist())]
     probs = request_probs(flat[md.logits_indices], [p for p, d in zip(params, drafts) for _ in range(len(d) + 1)])
-    target_probs, bonus_probs, greedy = probs[md.target_logits_indices], probs[md.bonus_logits_indices], [p.greedy for p in params]
+    target_probs, bonus_probs = probs[md.target_logits_indices], probs[md.bonus_logits_indices]
     bonus = draw_tokens(bonus_probs, greedy, generators)
     if cond is not None: return synthetic_verify(drafts, target_probs, bonus, params, generators, cond)
     out = rejection_sample(md.draft_token_ids, md.num_draft_tokens, draft_probs, target_probs, bonus,

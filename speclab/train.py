@@ -227,13 +227,13 @@ def greedy_acceptance(target, draft, prompts, new_tokens=32):
     return hits / total
 
 @torch.no_grad()
-def decode_step_seconds(model, context=256, steps=50):
-    "Median wall time of one single-token decode step (batch 1) after a prefill of context tokens."
-    c = KVCache(model.args, 1, context + steps + 1)
+def decode_step_seconds(model, context=256, steps=50, block=1):
+    "Median wall time of one forward of `block` new tokens (1: a decode step; kappa + 1: a verify) after context tokens, batch 1."
+    c = KVCache(model.args, 1, context + block)
     forward(model, torch.zeros(1, context, dtype=torch.long), c)
-    times, tok = [], torch.zeros(1, 1, dtype=torch.long)
+    times, toks = [], torch.zeros(1, block, dtype=torch.long)
     for _ in range(steps):
-        t = time.perf_counter(); forward(model, tok, c); times.append(time.perf_counter() - t)
+        t = time.perf_counter(); forward(model, toks, c); times.append(time.perf_counter() - t); c.rollback(0, block)
     return sorted(times)[len(times) // 2]
 
 # %% ../nbs/07b_train.ipynb #db196fbf
