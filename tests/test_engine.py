@@ -221,6 +221,16 @@ def test_greedy_equals_plain_greedy(vocab_size, drafter, kappa):
     if drafter in ("model", "greedy"): assert len(eng.metrics.drafted_per_pos) == (4 if isinstance(kappa, dict) else 3)
 
 
+
+def test_greedy_equals_plain_greedy_triton():
+    """The same with the Triton backend, where an all-greedy batch is verified by Chapter 4's greedy kernel on the
+    target's argmaxes: V = 8, the draft model, kappa 3, the same 50 prompts."""
+    prompts, max_tokens, plain = greedy_case(V)
+    eng = SpecDecoder(pair()[0], make_drafter("model"), kappa=3, backend="triton", seed=engine_seed(V, "model", "triton"))
+    outs = eng.generate(prompts, [SamplingParams(temperature=0, max_tokens=m) for m in max_tokens])
+    assert [o.token_ids for o in outs] == plain
+    assert eng.metrics.num_accepted_tokens > 0
+
 # --- seeded requests ignore their batch -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
