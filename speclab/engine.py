@@ -142,6 +142,7 @@ class ModelDrafter:
         self.cache.rollback(list(keep), [self.seen[b] - n for b, n in keep.items()])
         for b, n in keep.items(): self.seen[b] = n
     def release(self, rows):
+        "Forget the draft KV of finished requests (their lengths go to 0)."
         self.cache.lengths[rows] = 0
         for b in rows: self.seen[b] = 0
 
