@@ -16,7 +16,7 @@ import torch
 
 from .metadata import SpecDecodeMetadata, expand_batch_to_tokens
 from .model import KVCache, forward
-from .sampling import generate_uniform_probs, get_backend, rejection_sample, sampling_probs
+from .sampling import cu_num_draft_tokens, generate_uniform_probs, get_backend, padded_index, rejection_sample, sampling_probs
 
 # %% ../nbs/08_engine.ipynb #65a3e0e5
 @dataclass
@@ -123,12 +123,12 @@ class ModelDrafter:
         logits = self._feed([c[self.seen[b]:] if k else [] for b, (c, k) in enumerate(zip(contexts, kappas))])
         for j in range(K):
             live = (kap > j).nonzero()[:, 0]
-            lp = [params[b] for b in live.tolist()]
+            L = live.tolist(); lp = [params[b] for b in L]
             if self.greedy or all(p.greedy for p in lp):            # q is never read: skip the transforms, report one-hot
                 t = logits[live].argmax(-1); q = torch.nn.functional.one_hot(t, logits.shape[1]).float()
             else:
                 q = request_probs(logits[live], lp)
-                t = draw_tokens(q, [p.greedy for p in lp], [generators[b] for b in live.tolist()])
+                t = draw_tokens(q, [p.greedy for p in lp], [generators[b] for b in L])
             toks[live, j] = t.cpu(); qs.append(q); keys.append(live * K + j)
             if j + 1 < K: logits = self._feed([[x] if k > j + 1 else [] for x, k in zip(toks[:, j].tolist(), kappas)])
         for b, k in enumerate(kappas):
@@ -184,16 +184,13 @@ def conditional_rates(rates):
 def synthetic_verify(drafts, target_probs, bonus, params, generators, cond):
     "NOT EXACT, for timing only: accept position i with probability cond[i] until the first rejection, then draw from p."
     n = torch.tensor([len(d) for d in drafts])
-    start, pos = (n.cumsum(0) - n), torch.arange(int(n.sum()))
-    pos = pos - torch.repeat_interleave(start, n)                                     # each draft's position in its request
-    rate = torch.tensor(list(cond) + [0.0], dtype=torch.float64)[pos.clamp(max=len(cond))]
-    ok, start, accepted = (generate_uniform_probs(n, list(generators)) < rate).tolist(), start.tolist(), []
-    for s, d in zip(start, drafts):                                                   # accepted = the leading run of heads
-        a = 0
-        while a < len(d) and ok[s + a]: a += 1
-        accepted.append(a)
-    last, rej = bonus.tolist(), [b for b, (a, d) in enumerate(zip(accepted, drafts)) if a < len(d)]
-    if rej:                                                                           # a rejection ends with a draw from p
+    idx, valid = padded_index(n)                                                  # [B, S] flat row of each draft
+    rate = torch.tensor(list(cond) + [0.0] * idx.shape[1], dtype=torch.float64)[:idx.shape[1]]
+    heads = (generate_uniform_probs(n, list(generators))[idx] < rate) & valid    # one coin per draft position
+    accepted = torch.cumprod(heads.long(), 1).sum(1).tolist()                     # the leading run of heads
+    start, last = (cu_num_draft_tokens(n) - n).tolist(), bonus.tolist()
+    rej = [b for b, (a, d) in enumerate(zip(accepted, drafts)) if a < len(d)]
+    if rej:                                                                       # a rejection ends with a draw from p
         drawn = draw_tokens(target_probs[[start[b] + accepted[b] for b in rej]], [params[b].greedy for b in rej],
                             [generators[b] for b in rej])
         for b, t in zip(rej, drawn.tolist()): last[b] = t
