@@ -155,18 +155,22 @@ class SpecMetrics:
     num_accepted_tokens: int = 0
     accepted_per_pos: list = field(default_factory=list)
     drafted_per_pos: list = field(default_factory=list)
+    hist: dict = field(default_factory=dict)   # kappa -> [drafts that accepted 0, 1, ..., kappa tokens]
     def update(self, kappa, num_accepted):
         if kappa == 0: return
         self.num_drafts += 1; self.num_draft_tokens += kappa; self.num_accepted_tokens += num_accepted
         grow = kappa - len(self.drafted_per_pos)
         if grow > 0: self.accepted_per_pos += [0] * grow; self.drafted_per_pos += [0] * grow
         for i in range(kappa): self.drafted_per_pos[i] += 1; self.accepted_per_pos[i] += i < num_accepted
+        self.hist.setdefault(kappa, [0] * (kappa + 1))[num_accepted] += 1
     @property
     def mean_acceptance_length(self): return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
     @property
     def acceptance_rate(self): return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
     @property
-    def per_position(self): return [a / d for a, d in zip(self.accepted_per_pos, self.drafted_per_pos)]
+    def per_position(self):
+        "vLLM's acceptance_rates: accepted at position i / number of drafts, so E = 1 + sum(per_position)."
+        return [a / self.num_drafts for a in self.accepted_per_pos]
     def log_line(self):
         return (f"SpecDecoding metrics: Mean acceptance length: {self.mean_acceptance_length:.2f}, "
                 f"Accepted: {self.num_accepted_tokens} tokens, Drafted: {self.num_draft_tokens} tokens, "
