@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['ROOFLINE_ROWS', 'DTYPES', 'DEMO_PROMPTS', 'cmd_proof', 'cmd_roofline', 'cmd_train_toy', 'cmd_generate', 'cmd_demo',
-           'build_parser', 'main']
+           'cmd_sweep', 'build_parser', 'main']
 
 # %% ../nbs/90_cli.ipynb #92d8e588
 import argparse
@@ -144,6 +144,61 @@ def cmd_demo(args):
     if args.temperature == 0: print("greedy outputs identical to plain decoding: " + ("yes" if same else "NO"))
     return 0 if same or args.temperature > 0 else 1
 
+# %% ../nbs/90_cli.ipynb #11f8b895
+def _int_list(text: str) -> list:
+    "argparse type for '1,2,4': a list of ints >= 1."
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return values
+
+def _sweep_table(rows: list) -> str:
+    "The sweep's rows as a readable table."
+    lines = [f"{'batch':>5} {'spec tok/s':>11} {'plain tok/s':>12} {'speedup':>8} {'E':>5} {'alpha':>6}  r_1..r_kappa"]
+    for r in rows:
+        rates = ", ".join(f"{x:.3f}" for x in r["r"])
+        lines.append(f"{r['batch']:>5} {r['spec_tok_s']:11.1f} {r['plain_tok_s']:12.1f} {r['speedup']:7.2f}x "
+                     f"{r['E']:5.2f} {r['alpha_hat']:6.3f}  {rates}")
+    return "\n".join(lines)
+
+def cmd_sweep(args):
+    "Lab 08's sweep on the shipped pair: vLLM's metrics line per batch size, the table, the crossing (Chapter 9)."
+    import torch
+    from speclab.acceptance import measure_roofline, measured_crossing, save_table, step_seconds, sweep_tiny_pair
+    from speclab.model import load_model
+    from speclab.roofline import crossing_batch
+    from speclab.train import tiny_pair_path
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    mode = "synthetic acceptance at the batch-1 rates" if args.synthetic else "real acceptance"
+    print(f"speclab sweep: shipped tiny pair, --method {args.method}, --num-spec-tokens {args.num_spec_tokens}, "
+          f"--temp {args.temp}, --output-len {args.output_len}, batch sizes {args.batch_sizes}, {mode}, "
+          f"{torch.get_num_threads()} torch threads\n")
+    try:
+        rows = sweep_tiny_pair(args.batch_sizes, args.num_spec_tokens, args.method, args.temp, args.output_len,
+                               args.num_prompts, args.synthetic, args.repeats, args.seed, progress=args.progress)
+    except (ValueError, TypeError) as e:
+        print(f"speclab sweep: error: {e}", file=sys.stderr)
+        return 2
+    for r in rows:
+        print(f"batch {r['batch']}: {r['metrics'].log_line()}")
+        if args.print_output:
+            print(f"--- first request's output at batch {r['batch']}:\n{r['sample']}\n---")
+    print("\n" + _sweep_table(rows))
+    target = load_model(tiny_pair_path("target"))
+    t_star = measure_roofline(target).t_star
+    c = 0.0 if args.method == "ngram" else step_seconds(load_model(tiny_pair_path("draft")), 1) / step_seconds(target, 1)
+    predicted = crossing_batch(rows[0]["alpha_hat"], args.num_spec_tokens, c, t_star)
+    measured = measured_crossing([r["batch"] for r in rows], [r["speedup"] for r in rows])
+    print(f"\ncrossing (speedup = 1): measured at batch {measured:.1f}; Chapter 2 predicts {predicted:.1f} from "
+          f"alpha-hat = {rows[0]['alpha_hat']:.3f} (batch 1), c = {c:.3f} and this machine's ridge T* = {t_star:.1f}")
+    if args.out:
+        print(f"table written to {save_table(rows, args.out)}")
+    return 0
+
 # %% ../nbs/90_cli.ipynb #a29afba7
 def _sampling_flags(p, temperature, max_tokens):
     p.add_argument("--kappa", type=int, default=3, help="drafted tokens per step (default 3)")
@@ -189,6 +244,23 @@ def build_parser():
     demo = sub.add_parser("demo", help="the shipped tiny pair: speculative vs plain decoding, streamed, with metrics")
     _sampling_flags(demo, temperature=0.0, max_tokens=96)
     demo.set_defaults(func=cmd_demo)
+    sw = sub.add_parser("sweep", help="Lab 08: speculative vs plain decoding across batch sizes, and the crossing")
+    sw.add_argument("--method", choices=["draft_model", "ngram"], default="draft_model",
+                    help="drafter: the shipped draft model or n-gram prompt lookup (default draft_model)")
+    sw.add_argument("--num-spec-tokens", type=int, default=3, help="kappa, drafted tokens per step (default 3)")
+    sw.add_argument("--temp", type=float, default=0.0, help="temperature (default 0: greedy)")
+    sw.add_argument("--output-len", type=int, default=32, help="new tokens per request (default 32)")
+    sw.add_argument("--batch-sizes", type=_int_list, default=[1, 2, 4, 8, 16, 32],
+                    help="concurrent requests per point, comma-separated (default 1,2,4,8,16,32)")
+    sw.add_argument("--num-prompts", type=int, default=16, help="distinct held-out prompts, cycled (default 16)")
+    sw.add_argument("--synthetic", action="store_true", help="hold acceptance at the batch-1 rates (timing mode)")
+    sw.add_argument("--repeats", type=int, default=2, help="timed repeats per point, fastest kept (default 2)")
+    sw.add_argument("--seed", type=int, default=0, help="the decoders' seed (default 0)")
+    sw.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    sw.add_argument("--print-output", action="store_true", help="print the first request's text at each point")
+    sw.add_argument("--out", help="also write the table to FILE.csv or FILE.json")
+    sw.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    sw.set_defaults(func=cmd_sweep)
     toy = sub.add_parser("train-toy", add_help=False, help="train the tiny target/draft pair (Chapter 7b); see `speclab train-toy --help`")
     toy.set_defaults(func=cmd_train_toy)
     return parser
@@ -206,4 +278,10 @@ def main(argv=None):
     if getattr(args, "kappa", 1) < 0: parser.error(f"--kappa must be >= 0, got {args.kappa}")
     if getattr(args, "max_tokens", 1) < 1: parser.error(f"--max-tokens must be >= 1, got {args.max_tokens}")
     if getattr(args, "ngram", None) is not None and args.ngram < 1: parser.error(f"--ngram must be >= 1, got {args.ngram}")
+    for flag in ("num_spec_tokens", "output_len", "num_prompts", "repeats", "threads"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1: parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {value}")
+    if getattr(args, "out", None) and not args.out.endswith((".csv", ".json")):
+        parser.error(f"--out must name a .csv or .json file, got {args.out!r}")
+    if getattr(args, "temp", 0) < 0: parser.error(f"--temp must be >= 0, got {args.temp}")
     return args.func(args)
