@@ -5,15 +5,16 @@
 # %% auto #0
 __all__ = ['metrics_from_hist', 'AlphaFit', 'fit_alpha', 'iid_probs', 'IidTest', 'iid_test', 'sweep_prompts', 'parse_vllm_log',
            'parse_prometheus', 'metrics_delta', 'prometheus_text', 'step_seconds', 'RooflineFit', 'fit_ridge',
-           'measure_roofline', 'measured_crossing', 'measure_point', 'sweep', 'tiny_pair_drafters', 'sweep_tiny_pair',
-           'save_table', 'load_table']
+           'measure_roofline', 'measured_crossing', 'measure_point', 'sweep', 'tiny_pair_drafters', 'torch_threads',
+           'sweep_tiny_pair', 'save_table', 'load_table']
 
-# %% ../nbs/09_acceptance.ipynb #71c39867
+# %% ../nbs/09_acceptance.ipynb #24616a5e
 import csv
 import json
 import math
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -798,26 +799,28 @@ def _timed(engine, prompts, params) -> tuple:
         raise RuntimeError(f"a request failed during the sweep: {failed[0]}")
     return seconds, sum(len(o.token_ids) for o in outputs), outputs
 
-def measure_point(target, drafter, prompts: list, params: SamplingParams, kappa: int, tokenizer=None,
+def measure_point(target, drafter, prompts: list, batch: int, params: SamplingParams, kappa: int, tokenizer=None,
                   synthetic_rates=None, repeats: int = 2, seed: int = 0) -> dict:
-    "Plain and speculative decoding of one batch, interleaved `repeats` times (order alternating); fastest of each."
+    "All `prompts`, `batch` at a time, plain and speculative, interleaved `repeats` times; the fastest pass of each."
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    work = [prompts[i % len(prompts)] for i in range(math.ceil(max(len(prompts), batch) / batch) * batch)]
+    batches = [work[i:i + batch] for i in range(0, len(work), batch)]
     plain = SpecDecoder(target, None, tokenizer, kappa=0, seed=seed)
     spec = SpecDecoder(target, drafter, tokenizer, kappa=kappa, synthetic_rates=synthetic_rates, seed=seed)
     best = {"plain": (math.inf, 0), "spec": (math.inf, 0)}
     sample = None
     for r in range(repeats):
         for name in (("plain", "spec") if r % 2 == 0 else ("spec", "plain")):
-            seconds, tokens, outputs = _timed(plain if name == "plain" else spec, prompts, params)
-            best[name] = min(best[name], (seconds, tokens))
-            sample = outputs[0].text if name == "spec" else sample
+            passes = [_timed(plain if name == "plain" else spec, b, params) for b in batches]
+            best[name] = min(best[name], (sum(p[0] for p in passes), sum(p[1] for p in passes)))
+            sample = passes[0][2][0].text if name == "spec" else sample
     spec_tok_s = best["spec"][1] / best["spec"][0]
     plain_tok_s = best["plain"][1] / best["plain"][0]
     m = spec.metrics
-    return dict(batch=len(prompts), kappa=kappa, temperature=params.temperature, output_len=params.max_tokens,
-                synthetic=synthetic_rates is not None, spec_tok_s=spec_tok_s, plain_tok_s=plain_tok_s,
-                speedup=spec_tok_s / plain_tok_s, E=m.mean_acceptance_length,
+    return dict(batch=batch, kappa=kappa, temperature=params.temperature, output_len=params.max_tokens,
+                synthetic=synthetic_rates is not None, requests=len(work), spec_tok_s=spec_tok_s,
+                plain_tok_s=plain_tok_s, speedup=spec_tok_s / plain_tok_s, E=m.mean_acceptance_length,
                 alpha_hat=fit_alpha(m).alpha if m.num_drafts else math.nan, r=m.per_position, metrics=m,
                 sample=sample)
 
@@ -837,8 +840,7 @@ def sweep(target, drafters: dict, prompts: list, batch_sizes, kappas=(3,), tempe
     bar = tqdm(grid, desc="sweep", disable=not progress)
     for name, kappa, temperature, output_len, batch in bar:
         params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True)
-        batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
-        row = measure_point(target, drafters[name], batch_prompts, params, kappa, tokenizer, synthetic_rates,
+        row = measure_point(target, drafters[name], prompts, batch, params, kappa, tokenizer, synthetic_rates,
                             repeats, seed)
         rows.append({"drafter": name, **row})
         bar.set_postfix(batch=batch, speedup=f"{row['speedup']:.2f}x")
@@ -853,20 +855,32 @@ def tiny_pair_drafters(draft, method: str = "draft_model", ngram: int = 3) -> di
         return {method: NgramDrafter(ngram)}
     raise ValueError(f"method must be 'draft_model' or 'ngram', got {method!r}")
 
+@contextmanager
+def torch_threads(n: int | None):
+    "Run the block with `n` torch threads (None: leave torch's setting), then restore the previous count."
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
 def sweep_tiny_pair(batch_sizes=(1, 2, 4, 8, 16, 32), kappa: int = 3, method: str = "draft_model",
                     temperature: float = 0.0, output_len: int = 32, num_prompts: int = 16, synthetic: bool = False,
-                    repeats: int = 2, seed: int = 0, progress: bool = True) -> list:
+                    repeats: int = 2, seed: int = 0, threads: int | None = 1, progress: bool = True) -> list:
     "Lab 08's sweep on the shipped tiny pair: speculative vs plain at each batch size (synthetic: rates held fixed)."
     tokenizer = load_tokenizer(tiny_pair_path("target"))
     target = load_model(tiny_pair_path("target"))
     drafters = tiny_pair_drafters(load_model(tiny_pair_path("draft")), method)
     prompts = sweep_prompts(tokenizer, num_prompts)
     params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True)
-    rates = None
-    if synthetic:                                   # measure the rates once, at batch 1, then hold them fixed
-        rates = measure_point(target, drafters[method], prompts[:1], params, kappa, tokenizer, seed=seed)["r"]
-    return sweep(target, drafters, prompts, batch_sizes, (kappa,), (temperature,), (output_len,), tokenizer, rates,
-                 repeats, seed, progress)
+    with torch_threads(threads):
+        rates = None
+        if synthetic:                               # measure the rates once, at batch 1, then hold them fixed
+            rates = measure_point(target, drafters[method], prompts, 1, params, kappa, tokenizer, seed=seed)["r"]
+        return sweep(target, drafters, prompts, batch_sizes, (kappa,), (temperature,), (output_len,), tokenizer,
+                     rates, repeats, seed, progress)
 
 # %% ../nbs/09_acceptance.ipynb #d9119fc0
 def _flat_row(row: dict, width: int) -> dict:

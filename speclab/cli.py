@@ -166,20 +166,18 @@ def _sweep_table(rows: list) -> str:
 
 def cmd_sweep(args):
     "Lab 08's sweep on the shipped pair: vLLM's metrics line per batch size, the table, the crossing (Chapter 9)."
-    import torch
     from speclab.acceptance import measure_roofline, measured_crossing, save_table, step_seconds, sweep_tiny_pair
+    from speclab.acceptance import torch_threads
     from speclab.model import load_model
     from speclab.roofline import crossing_batch
     from speclab.train import tiny_pair_path
-    if args.threads:
-        torch.set_num_threads(args.threads)
     mode = "synthetic acceptance at the batch-1 rates" if args.synthetic else "real acceptance"
     print(f"speclab sweep: shipped tiny pair, --method {args.method}, --num-spec-tokens {args.num_spec_tokens}, "
           f"--temp {args.temp}, --output-len {args.output_len}, batch sizes {args.batch_sizes}, {mode}, "
-          f"{torch.get_num_threads()} torch threads\n")
+          f"{args.threads} torch thread(s)\n")
     try:
         rows = sweep_tiny_pair(args.batch_sizes, args.num_spec_tokens, args.method, args.temp, args.output_len,
-                               args.num_prompts, args.synthetic, args.repeats, args.seed, progress=args.progress)
+                               args.num_prompts, args.synthetic, args.repeats, args.seed, args.threads, args.progress)
     except (ValueError, TypeError) as e:
         print(f"speclab sweep: error: {e}", file=sys.stderr)
         return 2
@@ -189,8 +187,10 @@ def cmd_sweep(args):
             print(f"--- first request's output at batch {r['batch']}:\n{r['sample']}\n---")
     print("\n" + _sweep_table(rows))
     target = load_model(tiny_pair_path("target"))
-    t_star = measure_roofline(target).t_star
-    c = 0.0 if args.method == "ngram" else step_seconds(load_model(tiny_pair_path("draft")), 1) / step_seconds(target, 1)
+    with torch_threads(args.threads):
+        t_star = measure_roofline(target).t_star
+        draft_s = 0.0 if args.method == "ngram" else step_seconds(load_model(tiny_pair_path("draft")), 1)
+        c = draft_s / step_seconds(target, 1)
     predicted = crossing_batch(rows[0]["alpha_hat"], args.num_spec_tokens, c, t_star)
     measured = measured_crossing([r["batch"] for r in rows], [r["speedup"] for r in rows])
     print(f"\ncrossing (speedup = 1): measured at batch {measured:.1f}; Chapter 2 predicts {predicted:.1f} from "
@@ -256,7 +256,7 @@ def build_parser():
     sw.add_argument("--synthetic", action="store_true", help="hold acceptance at the batch-1 rates (timing mode)")
     sw.add_argument("--repeats", type=int, default=2, help="timed repeats per point, fastest kept (default 2)")
     sw.add_argument("--seed", type=int, default=0, help="the decoders' seed (default 0)")
-    sw.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    sw.add_argument("--threads", type=int, default=1, help="torch threads for both modes (default 1)")
     sw.add_argument("--print-output", action="store_true", help="print the first request's text at each point")
     sw.add_argument("--out", help="also write the table to FILE.csv or FILE.json")
     sw.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")

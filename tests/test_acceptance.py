@@ -1,0 +1,93 @@
+"""Chapter 9 (speclab.acceptance) beyond the chapter's own examples: the closed-form alpha against a numerical
+maximum of the per-draft likelihood, the chi-square against scipy's, the measured crossing against Chapter 2's on
+a curve it knows, and the sweep holding acceptance fixed while only the batch size changes."""
+import math
+
+import numpy as np
+import pytest
+from scipy import optimize, stats
+
+from speclab.acceptance import (fit_alpha, iid_probs, iid_test, load_table, measured_crossing, metrics_from_hist,
+                                save_table, sweep)
+from speclab.engine import ModelDrafter, NgramDrafter, SpecMetrics, tiny_random_pair
+from speclab.roofline import batch_speedup, crossing_batch
+
+
+def random_hist(rng, kappas=(1, 3, 5)) -> dict:
+    "A random histogram of drafts for each kappa (counts 0..50)."
+    return {k: rng.integers(0, 50, k + 1).tolist() for k in kappas}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_closed_form_alpha_is_the_likelihood_maximum(seed):
+    "A / (A + R) maximises sum over drafts of log Pr(k | kappa), computed cell by cell from iid_probs (not from A, R)."
+    hist = random_hist(np.random.default_rng(seed))
+    def nll(alpha):
+        return -sum(n * math.log(p) for k, counts in hist.items() for n, p in zip(counts, iid_probs(alpha, k)) if n)
+    best = optimize.minimize_scalar(nll, bounds=(1e-9, 1 - 1e-9), method="bounded", options={"xatol": 1e-10})
+    assert abs(fit_alpha(metrics_from_hist(hist)).alpha - best.x) < 1e-6
+
+
+def test_interval_is_the_likelihood_ratio_set():
+    "At both ends of the 95% interval the log-likelihood is chi2_1(0.95) / 2 below its maximum."
+    m = metrics_from_hist({4: [12, 9, 7, 5, 20]})
+    fit = fit_alpha(m)
+    ll = lambda a: fit.accepted * math.log(a) + fit.rejected * math.log(1 - a)
+    for end in (fit.low, fit.high):
+        assert abs(ll(fit.alpha) - ll(end) - stats.chi2.ppf(0.95, 1) / 2) < 1e-8
+
+
+def test_chi_square_matches_scipy_when_no_cell_is_pooled():
+    "One kappa, every expected count >= 5: the statistic and p-value are scipy's with ddof = 1 for the fitted alpha."
+    counts = [300, 190, 150, 360]
+    t = iid_test(metrics_from_hist({3: counts}))
+    expected = iid_probs(t.alpha, 3) * sum(counts)
+    ref = stats.chisquare(counts, expected, ddof=1)
+    assert (t.df, round(t.statistic, 9), round(t.p_value, 9)) == (2, round(ref.statistic, 9), round(ref.pvalue, 9))
+    given = iid_test(metrics_from_hist({3: counts}), alpha=0.6)
+    ref = stats.chisquare(counts, iid_probs(0.6, 3) * sum(counts))
+    assert (given.df, round(given.p_value, 9)) == (3, round(ref.pvalue, 9))
+
+
+def test_fit_needs_the_histogram():
+    "Counters without a per-draft histogram (mixed-length vLLM logs) cannot be fitted, and say so."
+    m = SpecMetrics(num_drafts=10, num_draft_tokens=25, num_accepted_tokens=12, accepted_per_pos=[6, 4, 2])
+    with pytest.raises(ValueError, match="does not cover every draft"):
+        fit_alpha(m)
+    with pytest.raises(ValueError, match="does not cover every draft"):
+        iid_test(m)
+
+
+def test_measured_crossing_recovers_chapter_2_on_its_own_curve():
+    "Sampled densely, Chapter 2's speedup curve crosses 1 where crossing_batch says (to the grid's interpolation error)."
+    alpha, kappa, c, t_star = 0.7, 3, 0.165, 295.0
+    batches = np.unique(np.round(np.geomspace(1, 512, 400)))
+    measured = measured_crossing(batches, batch_speedup(alpha, kappa, c, batches, t_star))
+    assert abs(measured - crossing_batch(alpha, kappa, c, t_star)) < 1.0
+
+
+def test_sweep_changes_only_the_batch(tmp_path):
+    """On a float64 random pair, greedy: every batch size decodes the same prompts to the same counts (acceptance does
+    not depend on concurrency), each row is a ratio of its own two throughputs, and the table round-trips."""
+    target, draft = tiny_random_pair(vocab_size=16, context=64)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11]]
+    rows = sweep(target, {"draft_model": ModelDrafter(draft), "ngram": NgramDrafter(2)}, prompts, [1, 2, 4],
+                 kappas=(3,), output_lens=(10,), repeats=1, progress=False)
+    assert [(r["drafter"], r["batch"]) for r in rows] == [(d, b) for d in ("draft_model", "ngram") for b in (1, 2, 4)]
+    for drafter in ("draft_model", "ngram"):
+        hists = [r["metrics"].hist for r in rows if r["drafter"] == drafter]
+        assert all(h == hists[0] for h in hists), hists
+    for r in rows:
+        assert r["requests"] == 4 and r["speedup"] == pytest.approx(r["spec_tok_s"] / r["plain_tok_s"])
+        assert r["E"] == pytest.approx(1 + sum(r["r"]))
+    for suffix in (".csv", ".json"):
+        back = load_table(save_table(rows, tmp_path / f"t{suffix}"))
+        assert [b["metrics"] for b in back] == [r["metrics"] for r in rows]
+
+
+def test_sweep_cycles_prompts_to_fill_a_large_batch():
+    "A batch larger than the prompt list repeats prompts to fill it; the smaller batches decode the list once."
+    target, draft = tiny_random_pair(vocab_size=16, context=64)
+    rows = sweep(target, {"ngram": NgramDrafter(2)}, [[1, 2, 3], [4, 5, 6]], [1, 3], output_lens=(4,), repeats=1,
+                 progress=False)
+    assert [r["requests"] for r in rows] == [2, 3]
