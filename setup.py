@@ -36,7 +36,8 @@ setuptools.setup(
     package_data={"speclab": ["data/**/*"]},
     python_requires=">=" + min_python,
     install_requires=cfg.get("requirements", "").split(),
-    extras_require={"dev": cfg.get("dev_requirements", "").split()},
+    extras_require={"instructor": cfg.get("instructor_requirements", "").split(),
+                    "dev": cfg.get("dev_requirements", "").split() + cfg.get("instructor_requirements", "").split()},
     entry_points={
         "console_scripts": cfg.get("console_scripts", "").split(),
         "nbdev": [f'{cfg["lib_path"]}={cfg["lib_path"]}._modidx:d'],

@@ -1,0 +1,20 @@
+OK_FORMAT = True
+
+test = {   'name': 'q6_iid',
+    'points': [1, 1, 1, 1, 1, 1, 1, 1],
+    'suites': [   {   'cases': [   {'code': '>>> [round(float(x), 6) for x in iid_expected(0.5, 3)]\n[0.5, 0.25, 0.125, 0.125]', 'hidden': False, 'locked': False},
+                                   {'code': '>>> [round(float(chi2_stat), 3), int(chi2_df)]\n[58.634, 3]', 'hidden': False, 'locked': False},
+                                   {   'code': ">>> 'one letter A-D' if q6_choice.strip().upper() in {'A', 'B', 'C', 'D'} else 'not one of A, B, C, D'\n'one letter A-D'",
+                                       'hidden': False,
+                                       'locked': False},
+                                   {'code': ">>> f'{float(chi2_p):.3g}'\n'1.15e-12'", 'hidden': True, 'locked': False},
+                                   {'code': '>>> [round(float(x), 4) for x in residuals]\n[0.0601, 0.0505, 0.0083, -0.034]', 'hidden': True, 'locked': False},
+                                   {'code': '>>> s, df, p = iid_chi2([309, 182, 119, 190])\n>>> [round(float(s), 3), int(df), round(float(p), 3)]\n[0.336, 2, 0.846]', 'hidden': True, 'locked': False},
+                                   {   'code': '>>> [round(float(x), 6) for x in iid_expected(0.8, 1)] + [round(float(sum(iid_expected(0.37, 6))), 12)]\n[0.2, 0.8, 1.0]',
+                                       'hidden': True,
+                                       'locked': False},
+                                   {'code': ">>> q6_choice.strip().upper()\n'B'", 'hidden': True, 'locked': False}],
+                      'scored': True,
+                      'setup': '',
+                      'teardown': '',
+                      'type': 'doctest'}]}
