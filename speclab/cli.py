@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['ROOFLINE_ROWS', 'DTYPES', 'DEMO_PROMPTS', 'cmd_proof', 'cmd_roofline', 'cmd_train_toy', 'cmd_generate', 'cmd_demo',
-           'cmd_sweep', 'build_parser', 'main']
+           'cmd_sweep', 'cmd_grade', 'build_parser', 'main']
 
 # %% ../nbs/90_cli.ipynb #92d8e588
 import argparse
@@ -199,6 +199,40 @@ def cmd_sweep(args):
         print(f"table written to {save_table(rows, args.out)}")
     return 0
 
+# %% ../nbs/90_cli.ipynb #2635e54b
+def cmd_grade(args):
+    "Grade one submission (results.json) or a folder of them (a CSV) with Chapter 10's sandboxed grader."
+    from pathlib import Path
+    from speclab.grading import grade, grade_folder, load_lab, sandbox_problem, write_gradescope, write_results
+    try:
+        lab = load_lab(args.lab)
+    except ValueError as e:
+        print(f"speclab grade: error: {e}", file=sys.stderr)
+        return 2
+    if args.gradescope:
+        print(f"Gradescope autograder for {lab.name} written to {write_gradescope(lab, args.gradescope)}: "
+              "zip its contents (setup.sh, run_autograder, lab/) and upload it")
+        return 0
+    problem = sandbox_problem()
+    practice = args.practice or problem is not None
+    tag = "PRACTICE MODE: " if practice else ""
+    if problem is not None and not args.practice:
+        print(f"{tag}{problem}; grading without the sandbox, for checking your own work only")
+    path = Path(args.path)
+    if path.is_dir():
+        out = Path(args.out or "grades.csv")
+        reports = grade_folder(path, lab, out, practice=practice, progress=args.progress)
+        for r in reports:
+            print(f"{tag}{Path(r.submission).name}: {r.score:g} / {r.max_score:g}")
+        print(f"{tag}{len(reports)} submissions graded; grades written to {out}")
+        return 0
+    hide = [Path(args.out).resolve().parent] if args.out else []
+    report = grade(path, lab, practice=practice, hide=hide)
+    print(report.summary())
+    if args.out:
+        print(f"{tag}results written to {write_results(report, args.out)}")
+    return 0
+
 # %% ../nbs/90_cli.ipynb #a29afba7
 def _sampling_flags(p, temperature, max_tokens):
     p.add_argument("--kappa", type=int, default=3, help="drafted tokens per step (default 3)")
@@ -261,6 +295,14 @@ def build_parser():
     sw.add_argument("--out", help="also write the table to FILE.csv or FILE.json")
     sw.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     sw.set_defaults(func=cmd_sweep)
+    gr = sub.add_parser("grade", help="grade lab notebooks in a sandbox (Chapter 10): results.json or a CSV")
+    gr.add_argument("path", nargs="?", help="a submitted .ipynb, or a folder of them")
+    gr.add_argument("--lab", required=True, help="the lab folder, e.g. labs/08_acceptance")
+    gr.add_argument("--out", help="results.json for one notebook (Gradescope's format); a .csv for a folder")
+    gr.add_argument("--practice", action="store_true", help="grade without the sandbox (no root needed)")
+    gr.add_argument("--gradescope", metavar="DIR", help="write a Gradescope autograder folder for the lab and exit")
+    gr.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    gr.set_defaults(func=cmd_grade)
     toy = sub.add_parser("train-toy", add_help=False, help="train the tiny target/draft pair (Chapter 7b); see `speclab train-toy --help`")
     toy.set_defaults(func=cmd_train_toy)
     return parser
@@ -284,4 +326,6 @@ def main(argv=None):
     if getattr(args, "out", None) and not args.out.endswith((".csv", ".json")):
         parser.error(f"--out must name a .csv or .json file, got {args.out!r}")
     if getattr(args, "temp", 0) < 0: parser.error(f"--temp must be >= 0, got {args.temp}")
+    if args.command == "grade" and not args.gradescope and not args.path:
+        parser.error("grade needs a submission (.ipynb) or a folder of them, or --gradescope DIR")
     return args.func(args)

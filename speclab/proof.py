@@ -11,7 +11,7 @@ __all__ = ['SUM_TOL', 'UINT32_TO_UNIT', 'LEVEL', 'POWER', 'MIN_EXPECTED', 'as_pr
            'inverse_cdf_walk', 'thresholded_distribution', 'detectable_tv', 'chi_square_gof', 'least_favourable_shift',
            'ExactnessReport', 'check_exactness', 'check_chain_exactness', 'threshold_on_p_sampler',
            'topk_membership_sampler', 'resample_from_p_sampler', 'keep_tail_step', 'bonus_after_reject_step',
-           'proof_checks', 'format_proof_report']
+           'exactness_verdict', 'proof_checks', 'format_proof_report']
 
 # %% ../nbs/01_proof.ipynb #f2828c98
 from collections import defaultdict
@@ -398,6 +398,12 @@ def keep_tail_step(prefix, target_fn, draft_fn, kappa, rng):
 def bonus_after_reject_step(prefix, target_fn, draft_fn, kappa, rng):
     "BUG: after a rejection, also emit a 'bonus' from the next position, conditioned on the rejected token."
     return spec_step(prefix, target_fn, draft_fn, kappa, rng, bonus_after_reject=True)
+
+# %% ../nbs/01_proof.ipynb #0d6db76f
+def exactness_verdict(sampler, p, q, n=20_000, seed=0, level=LEVEL):
+    "`check_exactness` as one displayable word: 'PASS', or 'FAIL: chi2 = ..., p-value = ...' (labs' tests use it)."
+    r = check_exactness(sampler, np.asarray(p, np.float64), np.asarray(q, np.float64), n, seed, level)
+    return "PASS" if r.passed else f"FAIL: chi2 = {r.statistic:.1f}, p-value = {r.p_value:.2g}"
 
 # %% ../nbs/01_proof.ipynb #af1ddf0f
 def proof_checks(n=50_000, seed=0, vocab_size=8):

@@ -8,11 +8,7 @@ test = {   'name': 'q8_sampler',
                                                '[0, 1, 2]',
                                        'hidden': False,
                                        'locked': False},
-                                   {   'code': '>>> report = check_exactness(accept_reject, np.array([0.1, 0.2, 0.3, 0.4]), np.array([0.25, 0.25, 0.25, 0.25]), n=20000, seed=1)\n'
-                                               ">>> 'PASS' if report.passed else f'FAIL: chi2 = {report.statistic:.1f}, p-value = {report.p_value:.2g}'\n"
-                                               "'PASS'",
-                                       'hidden': False,
-                                       'locked': False}],
+                                   {'code': ">>> exactness_verdict(accept_reject, [0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25], n=20000, seed=1)\n'PASS'", 'hidden': False, 'locked': False}],
                       'scored': True,
                       'setup': '',
                       'teardown': '',
