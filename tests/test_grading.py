@@ -311,6 +311,21 @@ def test_one_wrong_answer_loses_exactly_its_points(lab08, points, tmp_path):
         "expected [0.7744, 0.7242, 0.6648, 0.6073], got [0.7738, 0.5604, 0.3725, 0.2262]"]
 
 
+WRONG_Q4 = ("E_iid = float(expected_tokens(alpha_hat, KAPPA + 1))\nkappa_opt = KAPPA\n"
+            "speedup_opt = speedup_now = 1.0\nE_gap = 0.0")
+
+
+def test_one_wrong_independent_answer_loses_exactly_its_question(lab08, points, tmp_path):
+    """Q4 answered wrongly (no later cell uses its names) loses exactly Q4's points, public and hidden, and nothing
+    else; its public feedback shows the expected value and what came back."""
+    path = _without_sweep(tmp_path, "wrong_q4.ipynb", {"E_iid = float(expected_tokens(alpha_hat, KAPPA))": WRONG_Q4})
+    report = grade(path, lab08, limits=Limits(total_seconds=300))
+    failed = {r.case.question for r in report.results if not r.passed and not r.case.question.startswith("q5")}
+    assert failed == {"q4_kappa"}, report.summary()
+    assert report.score == 47 - points["q5"] - points["q4"], report.summary()
+    assert public_feedback(report, "q4_kappa")[0].startswith("expected 2.8495, got ")
+
+
 def test_wrong_only_on_a_hidden_input_loses_one_point(lab08, points, tmp_path):
     """A c_i that divides by r_(i-1) without care is right on the public data but raises on the hidden case with
     zeros: exactly that one hidden point is lost, and its feedback says only 'failed'."""
