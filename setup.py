@@ -37,7 +37,9 @@ setuptools.setup(
     python_requires=">=" + min_python,
     install_requires=cfg.get("requirements", "").split(),
     extras_require={"instructor": cfg.get("instructor_requirements", "").split(),
-                    "dev": cfg.get("dev_requirements", "").split() + cfg.get("instructor_requirements", "").split()},
+                    "docs": cfg.get("docs_requirements", "").split(),
+                    "dev": cfg.get("dev_requirements", "").split() + cfg.get("instructor_requirements", "").split()
+                           + cfg.get("docs_requirements", "").split()},
     entry_points={
         "console_scripts": cfg.get("console_scripts", "").split(),
         "nbdev": [f'{cfg["lib_path"]}={cfg["lib_path"]}._modidx:d'],
