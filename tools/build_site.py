@@ -9,7 +9,7 @@ Elsewhere (the default on a machine without Quarto, or with `--offline`) it rend
    applied), writing the processed notebooks to `_proc/`. One difference unless `--strict`: a cell that mixes
    imports with other code (nbdev's FAQ says not to; nbdev warns and then runs it outside its notebook, where it
    usually fails) is skipped with a warning instead of failing the build; a failing `show_doc` still fails it.
-2. Each processed notebook becomes a page of a Sphinx + myst-nb site (`site/conf.py`, Furo theme, MathJax 3 from
+2. Each processed notebook becomes a page of a Sphinx + myst-nb site (`website/conf.py`, Furo theme, MathJax 3 from
    the sphinx-mathjax-offline package, Sphinx's own search): the front matter becomes the page title and lead,
    `#|` directives become myst-nb cell tags, `show_doc` outputs become headings with nbdev's anchors, and links to
    the doc host become relative links. Navigation comes from `nbs/sidebar.yml` and the title from settings.ini.
@@ -36,7 +36,7 @@ from configparser import ConfigParser
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SITE = ROOT / "site"  # Sphinx configuration, templates and static files of the offline renderer
+SITE = ROOT / "website"  # Sphinx configuration, templates and static files of the offline renderer
 
 # Extra pages: (docname, title) added to the sidebar after the notebooks of nbs/sidebar.yml.
 LAB_DIR = ROOT / "labs" / "08_acceptance"
