@@ -507,14 +507,15 @@ class GradeReport:
                               score=sum(r.score for r in results), max_score=sum(r.case.points for r in results),
                               visibility="after_published" if hidden else "visible",
                               output=(f"[{self.mode}]\n" if self.practice else "") + output))
-        return dict(score=self.score, execution_time=round(self.seconds, 2), output="\n".join([self.mode, *self.messages]),
-                    tests=tests, practice=self.practice)
+        output = "\n".join([self.mode, *self.messages])
+        return dict(score=self.score, execution_time=round(self.seconds, 2), output=output, tests=tests,
+                    practice=self.practice)
 
     def summary(self) -> str:
         "A few lines for a terminal: the score, the mode, what went wrong, the public feedback."
         tag = "PRACTICE MODE: " if self.practice else ""
-        lines = [f"{tag}{Path(self.submission).name}: {self.score:g} / {self.max_score:g} points ({self.seconds:.1f} s)",
-                 f"{tag}{self.mode}"]
+        name = Path(self.submission).name
+        lines = [f"{tag}{name}: {self.score:g} / {self.max_score:g} points ({self.seconds:.1f} s)", f"{tag}{self.mode}"]
         lines += [f"{tag}{m}" for m in self.messages]
         for (question, hidden), results in self.by_question().items():
             passed = sum(r.passed for r in results)
