@@ -5,6 +5,7 @@ import os
 # the first `@triton.jit` is created. Subprocesses (nbdev_test, the CLI) inherit it.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import re
 import subprocess
 import sys
 from configparser import ConfigParser
@@ -42,3 +43,20 @@ def repo_files() -> list[str]:
     out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     return sorted(p for p in set(out.split("\0")) if p and os.path.lexists(ROOT / p))
+
+
+def readme_blocks(text: str) -> list[tuple[str, str, str]]:
+    "Every fenced block of a README as (its `## ` section heading, its language, its code); one parser for the tests."
+    blocks, section = [], ""
+    for m in re.finditer(r"^(## [^\n]*)$|^```([\w-]*)[ \t]*\n(.*?)^```[ \t]*$", text, re.M | re.S):
+        if m.group(1):
+            section = m.group(1).strip()
+        else:
+            blocks.append((section, m.group(2), m.group(3)))
+    return blocks
+
+
+@pytest.fixture(scope="session")
+def readme() -> list[tuple[str, str, str]]:
+    "README.md's fenced blocks, as `readme_blocks` returns them."
+    return readme_blocks((ROOT / "README.md").read_text(encoding="utf-8"))

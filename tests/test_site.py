@@ -1,4 +1,5 @@
-"""The course website, built offline by tools/build_site.py and checked page by page in headless Chromium.
+"""The course website, built offline by README's build line (tools/build_site.py), served by its serve line,
+and checked page by page in headless Chromium.
 
 Builds the site once into a temporary folder, serves it on localhost, and visits every page with Debian's
 `chromium` (driven by the `playwright` package through the DevTools protocol; playwright's own browsers are not
@@ -6,11 +7,10 @@ used). Every request that leaves localhost is blocked and counted as an error, s
 Screenshots of the index, a chapter with math and a plot, the API reference and the lab pages are written to a
 folder printed by the test (SPECLAB_SITE_SHOTS=DIR chooses it).
 """
-import functools
-import http.server
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -20,6 +20,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from conftest import readme_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -33,38 +35,54 @@ pytestmark = pytest.mark.skipif(
     reason="browser test of the website skipped: /usr/bin/chromium is absent (apt-get install -y chromium)")
 
 
+def website_commands() -> tuple[str, str]:
+    "README's two website lines (build, serve), with this test's interpreter standing in for `.venv/bin/python`."
+    lines = [line.replace(".venv/bin/python", sys.executable) for sec, lang, code in
+             readme_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+             if sec == "## The website" and lang == "sh" for line in code.splitlines() if line.strip()]
+    assert len(lines) == 2, f"README's '## The website' should show a build and a serve line: {lines}"
+    return lines[0], lines[1]
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    "(folder, site.json) of a fresh offline build: its own _proc, nothing shared with the working tree's."
+    """(folder, site.json) of a fresh offline build by README's build line, into its own `_docs` and `_proc`.
+
+    The working directory is a temporary folder holding only those two, so README's serve line (`-d _docs`)
+    serves this build."""
     for mod in ("sphinx", "myst_nb", "furo", "playwright"):
         pytest.importorskip(mod, reason=f"{mod} is not installed (pip install -e '.[dev]')")
     tmp = tmp_path_factory.mktemp("site")
     out = tmp / "_docs"
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "build_site.py"), "--offline", "--out", str(out),
-                        "--proc", str(tmp / "_proc")], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    build, _ = website_commands()
+    cmd = shlex.split(build.replace("tools/build_site.py", str(ROOT / "tools" / "build_site.py")))
+    cmd += ["--offline", "--out", str(out), "--proc", str(tmp / "_proc")]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, f"build failed:\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"
     return out, json.loads((out / "site.json").read_text(encoding="utf-8"))
 
 
 @pytest.fixture(scope="module")
 def server(site):
-    "A static server for the built folder on a random localhost port; yields its base URL."
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    class Server(http.server.ThreadingHTTPServer):
-        def handle_error(self, request, client_address):  # the browser closing a connection early is no error
-            if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
-                super().handle_error(request, client_address)
-
-    handler = functools.partial(Quiet, directory=str(site[0]))
-    httpd = Server(("127.0.0.1", 0), handler)
-    t = threading.Thread(target=httpd.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
-    httpd.server_close()
+    "README's serve line, run next to the built `_docs` on a free port (0 for README's 8000); yields its base URL."
+    _, serve = website_commands()
+    assert re.search(r"\b8000$", serve), serve
+    cmd = shlex.split(re.sub(r"\b8000$", "0", serve))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, cwd=site[0].parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    try:
+        first = proc.stdout.readline()
+        m = re.search(r"port (\d+)", first)
+        assert m, f"README's serve line did not start a server: {first!r} (exit {proc.poll()})"
+        threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep its pipe drained
+        base = f"http://127.0.0.1:{m.group(1)}/"
+        with urllib.request.urlopen(base + "index.html", timeout=10) as resp:
+            assert resp.status == 200
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 # Runs in the page once MathJax is done: what a reader sees, reduced to what the tests check.
