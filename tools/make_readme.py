@@ -16,11 +16,17 @@ DIRECTIVE = re.compile(r"^\s*#\s*\|")
 def text(x): return "".join(x) if isinstance(x, list) else x
 
 def outputs(cell):
-    "The text outputs of a code cell: streams, and text/plain of results (no images, no html)."
+    "The text outputs of a code cell: streams (consecutive chunks joined), and text/plain of results (no images, no html)."
+    stream = ""
     for o in cell.get("outputs", []):
-        if o["output_type"] == "stream": yield text(o["text"])
-        elif o["output_type"] in ("execute_result", "display_data") and "text/plain" in o.get("data", {}):
+        if o["output_type"] == "stream":
+            stream += text(o["text"])
+            continue
+        if stream: yield stream
+        stream = ""
+        if o["output_type"] in ("execute_result", "display_data") and "text/plain" in o.get("data", {}):
             yield text(o["data"]["text/plain"])
+    if stream: yield stream
 
 def render_cell(cell):
     src = text(cell["source"])

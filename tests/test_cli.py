@@ -1,0 +1,131 @@
+"""The `speclab` command as a new user meets it: every mistake answered with one line on stderr, no traceback,
+nothing fetched from the network; the shipped pair by name; the help text says the defaults.
+
+Each case runs the installed console script in a subprocess. Where this machine allows it (root and util-linux's
+`unshare`), the process runs in a fresh network namespace with no interfaces, so any attempt to reach the Hugging
+Face Hub fails at once and shows up as a wrong message; elsewhere the Hub's offline variables are cleared (speclab
+sets its own) and the output is checked for the retry lines a network attempt prints.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECLAB = Path(sys.executable).parent / "speclab"
+NO_NET = ["unshare", "--net", "--"] if shutil.which("unshare") and subprocess.run(
+    ["unshare", "--net", "--", "true"], capture_output=True).returncode == 0 else []
+NETWORK_WORDS = ("Retrying", "huggingface.co", "HTTPSConnection", "Max retries", "couldn't connect")
+
+
+def speclab(*argv, env=None, timeout=300):
+    "Run the console script (network closed where possible): (status, stdout, stderr)."
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    r = subprocess.run([*NO_NET, str(SPECLAB), *argv], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                       env={**base, **(env or {})})
+    return r.returncode, r.stdout, r.stderr
+
+
+def assert_one_line(status, out, err, *words, code=2):
+    "Exit `code`, exactly one line on stderr holding every word, no traceback, no trace of a network attempt."
+    assert status == code, (status, out[-2000:], err[-4000:])
+    assert len(err.strip().splitlines()) == 1, err[-4000:]
+    assert "Traceback" not in out + err
+    assert not [w for w in NETWORK_WORDS if w in out + err], err
+    for w in words:
+        assert w in err, err
+
+
+@pytest.fixture(scope="module")
+def empty_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("empty")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["generate", "--target", "/no/such/dir", "--ngram", "2", "--prompt", "x"],
+     ["speclab generate: error: checkpoint folder not found: /no/such/dir", "local folders only"]),
+    (["generate", "--target", "typo/dir", "--ngram", "2", "--prompt", "x"], ["checkpoint folder not found: typo/dir"]),
+    (["generate", "--target", "meta-llama/Meta-Llama-3-8B", "--draft", "tiny", "--prompt", "x"],
+     ["checkpoint folder not found: meta-llama/Meta-Llama-3-8B"]),
+    (["generate", "--target", "tiny", "--draft", "/no/draft", "--prompt", "x"], ["checkpoint folder not found: /no/draft"]),
+    (["generate", "--target", "tiny", "--ngram", "2", "--prompts", "/no/such/file"], ["--prompts file not found"]),
+    (["generate", "--target", "tiny", "--ngram", "2", "--prompt", "x", "--kappa", "0"], ["--kappa must be >= 1, got 0"]),
+    (["generate", "--target", "tiny", "--ngram", "2", "--prompt", "x", "--top-p", "2"], ["--top-p must lie in (0, 1]"]),
+    (["generate", "--target", "tiny", "--ngram", "2", "--prompt", "x", "--dtype", "int3"], ["argument --dtype"]),
+    (["demo", "--temperature", "-1"], ["speclab demo: error: --temperature must be a finite number >= 0"]),
+    (["demo", "--max-tokens", "1000"], ["speclab demo: error:", "exceeds the context of 512 positions"]),
+    (["demo", "--max-tokens", "0"], ["speclab demo: error: --max-tokens must be >= 1"]),
+    (["demo", "--top-k", "-1"], ["speclab demo: error: --top-k must be an int >= 0"]),
+    (["roofline", "--kappa", "0"], ["speclab roofline: error: --kappa must be >= 1, got 0"]),
+    (["roofline", "--kappa", "-2"], ["speclab roofline: error: --kappa must be >= 1, got -2"]),
+    (["roofline", "--alpha", "2"], ["speclab roofline: error:", "alpha"]),
+    (["roofline", "--bogus"], ["speclab roofline: error: unrecognized arguments: --bogus"]),
+    (["sweep", "--batch-sizes", "0"], ["speclab sweep: error: argument --batch-sizes"]),
+    (["grade", "--lab", "labs/08_acceptance"], ["speclab grade: error: give a submission"]),
+    (["grade", "missing.ipynb", "--lab", "labs/08_acceptance"], ["speclab grade: error: submission not found"]),
+    (["grade", "x.ipynb", "--lab", "/no/lab"], ["speclab grade: error:"]),
+    (["frobnicate"], ["speclab: error: argument COMMAND: invalid choice"]),
+])
+def test_mistake_is_one_line(argv, words):
+    assert_one_line(*speclab(*argv), *words)
+
+
+def test_folder_that_is_not_a_checkpoint_names_the_file(empty_dir):
+    "An empty folder, a damaged tokenizer, a tokenizer without config.json: each named, in one line."
+    from speclab.train import tiny_pair_path
+
+    argv = ["generate", "--target", str(empty_dir), "--ngram", "2", "--prompt", "x"]
+    assert_one_line(*speclab(*argv), f"no tokenizer in {empty_dir}: expected tokenizer.json or tokenizer.model")
+    (empty_dir / "tokenizer.json").write_text("{}")
+    assert_one_line(*speclab(*argv), f"could not read the tokenizer in {empty_dir}")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_pair_path("target") / name, empty_dir / name)
+    assert_one_line(*speclab(*argv), "checkpoint file not found", "config.json")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA GPU")
+@pytest.mark.parametrize("command", [["generate", "--target", "tiny", "--ngram", "2", "--prompt", "x"], ["demo"]])
+def test_cuda_without_a_gpu(command):
+    assert_one_line(*speclab(*command, "--device", "cuda"), "--device cuda", "use --device cpu")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_triton_without_a_gpu():
+    env = {"TRITON_INTERPRET": "0"}
+    assert_one_line(*speclab("demo", "--backend", "triton", env=env), "--backend triton needs a CUDA GPU",
+                    "TRITON_INTERPRET=1")
+
+
+def test_empty_prompt_goes_to_stderr_and_json():
+    status, out, err = speclab("generate", "--target", "tiny", "--ngram", "2", "--prompt", "")
+    assert_one_line(status, out, err, "speclab generate: error: prompt 1: ValueError: prompt must hold at least one token", code=1)
+    assert "SpecDecoding" not in out and "tokens/s" not in out, out
+    status, out, err = speclab("generate", "--target", "tiny", "--draft", "tiny", "--temperature", "0", "--json",
+                               "--max-tokens", "8", "--prompt", "", "--prompt", "def f(x):")
+    assert status == 1 and len(err.splitlines()) == 1, err
+    res = json.loads(out)
+    assert [o["error"] is None for o in res["outputs"]] == [False, True]
+    assert res["outputs"][0]["error"].endswith("prompt must hold at least one token") and res["tokens"] == 8
+
+
+def test_shipped_pair_by_name():
+    status, out, err = speclab("generate", "--target", "tiny", "--draft", "tiny", "--temperature", "0",
+                               "--max-tokens", "12", "--prompt", "def add(a, b):\\n    return")
+    assert status == 0 and "SpecDecoding metrics" in out and "[12 tokens, length]" in out, (out, err)
+    status, out, _ = speclab("generate", "--help")
+    flat = " ".join(out.split())
+    assert status == 0 and "`tiny` for the shipped pair's 12-layer target" in flat and "(default 1)" in flat, out
+    assert "sampling temperature, 0 = greedy (default 1)" in flat
+    status, out, _ = speclab("demo", "--help")
+    assert "sampling temperature, 0 = greedy (default 0)" in " ".join(out.split())
+
+
+def test_roofline_says_never_and_na():
+    status, out, err = speclab("roofline", "--alpha", "0.1")
+    assert status == 0 and "never pays" in out and "falls to 1                0.0" not in out, out
+    status, out, err = speclab("roofline", "--draft", "llama-3-8b")
+    assert status == 0 and "n/a (c >= 1)" in out and "nan" not in out, out
