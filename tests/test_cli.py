@@ -129,3 +129,15 @@ def test_roofline_says_never_and_na():
     assert status == 0 and "never pays" in out and "falls to 1                0.0" not in out, out
     status, out, err = speclab("roofline", "--draft", "llama-3-8b")
     assert status == 0 and "n/a (c >= 1)" in out and "nan" not in out, out
+
+
+def test_demo_honours_top_k():
+    "top-k = 1 at temperature 1 leaves one token to sample: the demo must then write exactly its greedy text."
+    def text(out):
+        return out[out.index("\n\n"):out.index("SpecDecoding")]
+    greedy = speclab("demo", "--repeats", "1")
+    top1 = speclab("demo", "--repeats", "1", "--temperature", "1", "--top-k", "1")
+    top2 = speclab("demo", "--repeats", "1", "--temperature", "1", "--top-k", "50", "--seed", "3")
+    assert greedy[0] == top1[0] == top2[0] == 0, (greedy[2], top1[2], top2[2])
+    assert text(top1[1]) == text(greedy[1])
+    assert text(top2[1]) != text(greedy[1])  # the flag reaches the sampler: a wider top-k samples something else
