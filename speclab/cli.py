@@ -75,8 +75,9 @@ def cmd_proof(args):
     text, ok = format_proof_report(checks)
     print(text)
     detect = max(r.detectable_tv for _, r in checks)
+    verdict = "all verdicts as expected." if ok else "UNEXPECTED VERDICTS."
     print(f"\nAt this n each check flags a TV bias >= {detect:.4f} with probability >= {POWER}. "
-          f"{len(checks)} checks in {time.perf_counter() - t0:.1f} s: " + ("all verdicts as expected." if ok else "UNEXPECTED VERDICTS."))
+          f"{len(checks)} checks in {time.perf_counter() - t0:.1f} s: {verdict}")
     return 0 if ok else 1
 
 # %% ../nbs/90_cli.ipynb #94d61d0b
@@ -461,7 +462,7 @@ def _add_generate(sub):
     gen.add_argument("--target", required=True,
                      help="checkpoint folder, or `tiny` for the shipped pair's 12-layer target")
     how = gen.add_mutually_exclusive_group(required=True)
-    how.add_argument("--draft", help="checkpoint folder sharing the target's tokenizer, or `tiny` for the shipped draft")
+    how.add_argument("--draft", help="checkpoint folder with the target's tokenizer, or `tiny` for the shipped draft")
     how.add_argument("--ngram", type=int, help="draft by n-gram prompt lookup with n-grams up to N")
     _sampling_flags(gen, temperature=1.0, max_tokens=64)
     gen.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="weight dtype (default fp32)")

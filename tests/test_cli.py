@@ -51,9 +51,11 @@ def empty_dir(tmp_path_factory):
     (["generate", "--target", "typo/dir", "--ngram", "2", "--prompt", "x"], ["checkpoint folder not found: typo/dir"]),
     (["generate", "--target", "meta-llama/Meta-Llama-3-8B", "--draft", "tiny", "--prompt", "x"],
      ["checkpoint folder not found: meta-llama/Meta-Llama-3-8B"]),
-    (["generate", "--target", "tiny", "--draft", "/no/draft", "--prompt", "x"], ["checkpoint folder not found: /no/draft"]),
+    (["generate", "--target", "tiny", "--draft", "/no/draft", "--prompt", "x"],
+     ["checkpoint folder not found: /no/draft"]),
     (["generate", "--target", "tiny", "--ngram", "2", "--prompts", "/no/such/file"], ["--prompts file not found"]),
-    (["generate", "--target", "tiny", "--ngram", "2", "--prompt", "x", "--kappa", "0"], ["--kappa must be >= 1, got 0"]),
+    (["generate", "--target", "tiny", "--ngram", "2", "--prompt", "x", "--kappa", "0"],
+     ["--kappa must be >= 1, got 0"]),
     (["generate", "--target", "tiny", "--ngram", "2", "--prompt", "x", "--top-p", "2"], ["--top-p must lie in (0, 1]"]),
     (["generate", "--target", "tiny", "--ngram", "2", "--prompt", "x", "--dtype", "int3"], ["argument --dtype"]),
     (["demo", "--temperature", "-1"], ["speclab demo: error: --temperature must be a finite number >= 0"]),
@@ -102,7 +104,8 @@ def test_triton_without_a_gpu():
 
 def test_empty_prompt_goes_to_stderr_and_json():
     status, out, err = speclab("generate", "--target", "tiny", "--ngram", "2", "--prompt", "")
-    assert_one_line(status, out, err, "speclab generate: error: prompt 1: ValueError: prompt must hold at least one token", code=1)
+    assert_one_line(status, out, err, "speclab generate: error: prompt 1: ValueError: prompt must hold",
+                    "at least one token", code=1)
     assert "SpecDecoding" not in out and "tokens/s" not in out, out
     status, out, err = speclab("generate", "--target", "tiny", "--draft", "tiny", "--temperature", "0", "--json",
                                "--max-tokens", "8", "--prompt", "", "--prompt", "def f(x):")
