@@ -32,6 +32,7 @@ def generate_text(sample, P, Q, kappa, trials, use_draft_probs, seed, chunk=None
     """Text of kappa + 1 tokens per trial from repeated speculative steps; `sample(draft_ids, num, draft_probs,
     target_probs, bonus)` is the sampler under test. Drafts come from Q, target rows from P, both Markov."""
     g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)  # the sampler draws from torch's global generator: seed it, or the tests run before decide
     L, V = kappa + 1, P.shape[0]
     chunk = chunk or trials
     texts = []
