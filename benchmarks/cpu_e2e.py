@@ -42,14 +42,13 @@ def main(argv=None):
     from speclab.engine import ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder
     from speclab.model import generate, load_model, load_tokenizer
     from speclab.proof import expected_tokens
-    from speclab.train import decode_step_seconds, heldout_prompts, read_corpus, tiny_pair_path
+    from speclab.train import decode_step_seconds, eval_prompts, tiny_pair_path
     if a.threads: torch.set_num_threads(a.threads)
     tdir, ddir = str(tiny_pair_path("target")), str(tiny_pair_path("draft"))
     target, draft, tok = load_model(tdir), load_model(ddir), load_tokenizer(tdir)
     hf_t = AutoModelForCausalLM.from_pretrained(tdir, dtype=torch.float32).eval()
     hf_d = AutoModelForCausalLM.from_pretrained(ddir, dtype=torch.float32).eval()
-    split, _ = read_corpus()
-    prompts = heldout_prompts(tok.backend_tokenizer, split["heldout"], n=a.prompts, prompt_len=a.prompt_len, seed=11)
+    prompts = eval_prompts(n=a.prompts, prompt_len=a.prompt_len, seed=11)
     n, k = a.new_tokens, a.kappa
     sp = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     eng_d = SpecDecoder(target, ModelDrafter(draft), tok, kappa=k)

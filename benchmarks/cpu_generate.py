@@ -35,13 +35,12 @@ def main(argv=None):
     a = parse_args(argv)
     from transformers import AutoModelForCausalLM
     from speclab.model import generate, load_model, load_tokenizer
-    from speclab.train import heldout_prompts, read_corpus, tiny_pair_path
+    from speclab.train import eval_prompts, tiny_pair_path
     if a.threads: torch.set_num_threads(a.threads)
     folder = a.model or str(tiny_pair_path("target"))
     ours, tok = load_model(folder), load_tokenizer(folder)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    split, _ = read_corpus()
-    prompts = heldout_prompts(tok.backend_tokenizer, split["heldout"], n=a.prompts, prompt_len=a.prompt_len)
+    prompts = eval_prompts(n=a.prompts, prompt_len=a.prompt_len)
     n = a.new_tokens
     generate(ours, None, prompts[0], 8, temperature=0)                                   # warm-up, both
     hf.generate(torch.tensor([prompts[0]]), max_new_tokens=8, do_sample=False, pad_token_id=0)

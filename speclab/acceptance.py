@@ -27,7 +27,7 @@ from .engine import ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder, Spe
 from .model import KVCache, forward, load_model, load_tokenizer
 from .proof import chi_square_gof, expected_tokens, simulate_num_accepted
 from .roofline import crossing_batch
-from .train import heldout_prompts, read_corpus, tiny_pair_path
+from .train import eval_prompts, tiny_pair_path
 
 # %% ../nbs/09_acceptance.ipynb #fbf3e324
 def _check_counts(counts, kappa) -> None:
@@ -172,11 +172,9 @@ def iid_test(m: SpecMetrics, alpha: float | None = None) -> IidTest:
     return IidTest(alpha, fitted, statistic, df, p_value, cells, _position_residuals(m, alpha))
 
 # %% ../nbs/09_acceptance.ipynb #073200b7
-def sweep_prompts(tokenizer, num_prompts: int = 16, prompt_len: int = 64, seed: int = 3) -> list:
-    "Held-out Python-source prompts for the shipped pair (Chapter 7b's held-out files), as token ids."
-    split, _ = read_corpus()
-    return heldout_prompts(tokenizer.backend_tokenizer, split["heldout"], n=num_prompts, prompt_len=prompt_len,
-                           seed=seed)
+def sweep_prompts(num_prompts: int = 16, prompt_len: int = 64, seed: int = 3) -> list:
+    "Held-out Python-source prompts for the shipped pair (Chapter 7b's shipped evaluation set), as token ids."
+    return eval_prompts(n=num_prompts, prompt_len=prompt_len, seed=seed)
 
 # %% ../nbs/09_acceptance.ipynb #6a2d6a4e
 _MARKERS = ("SpecDecoding metrics: ", "Speculative metrics: ")   # V1 since PR #15902 | V0, and V1 before it
@@ -873,7 +871,7 @@ def sweep_tiny_pair(batch_sizes=(1, 2, 4, 8, 16, 32), kappa: int = 3, method: st
     tokenizer = load_tokenizer(tiny_pair_path("target"))
     target = load_model(tiny_pair_path("target"))
     drafters = tiny_pair_drafters(load_model(tiny_pair_path("draft")), method)
-    prompts = sweep_prompts(tokenizer, num_prompts)
+    prompts = sweep_prompts(num_prompts)
     params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True)
     with torch_threads(threads):
         rates = None

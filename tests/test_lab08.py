@@ -143,7 +143,6 @@ def test_master_passes_every_test(master_report):
     assert not master_report["cell_errors"], master_report["cell_errors"]
     assert not failed, failed
     assert set(by_question(master_report)) == set(load(AUTOGRADER / "tests"))
-    assert master_report["run_seconds"] < 600, f"the lab took {master_report['run_seconds']} s on this machine"
     print(f"\nmaster solution ran in {master_report['run_seconds']:.1f} s; "
           f"{len(master_report['results'])} test cases in {sum(r['seconds'] for r in master_report['results']):.1f} s")
 

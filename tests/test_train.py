@@ -1,5 +1,9 @@
 """speclab.train and the shipped tiny pair: the training script end to end (tiny run, resume), the shipped files
-(size, format, parity with transformers, tokenizer), held-out acceptance, and bad input."""
+(size, format, parity with transformers, tokenizer), held-out acceptance, and bad input.
+
+Nothing here depends on the running interpreter's standard library except where it says so: the held-out prompts come
+from the evaluation set shipped with the pair, and the corpus digest is compared only on the Python whose library
+trained it (tests/test_portable.py runs this file against a substituted standard library)."""
 import json
 import shutil
 
@@ -7,7 +11,8 @@ import pytest
 import torch
 
 from speclab.model import forward, generate, KVCache, load_model, load_tokenizer, parity_error
-from speclab.train import (greedy_acceptance, heldout_prompts, main, read_corpus, tiny_pair_path)
+from speclab.train import (encode_texts, eval_prompts, greedy_acceptance, main, read_corpus, shipped_heldout_ids,
+                           tiny_pair_path)
 
 PAIR = tiny_pair_path("target").parent
 
@@ -27,22 +32,31 @@ def test_shipped_files_and_size():
     names = {p.relative_to(PAIR).as_posix() for p in files}
     for m in ("target", "draft"):
         for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"): assert f"{m}/{f}" in names
-    assert "train_log.json" in names
+    assert "train_log.json" in names and "heldout_ids.npy" in names
     assert sum(p.stat().st_size for p in files) <= 40e6
 
 
-def test_training_log_matches_this_corpus(corpus):
+def test_training_log():
     log = json.loads((PAIR / "train_log.json").read_text())
-    assert log["corpus_digest"] == corpus[1]
+    assert len(shipped_heldout_ids()) == log["heldout_tokens"]
     assert log["target"][-1]["step"] == log["args"]["target_steps"] and log["draft"][-1]["step"] == log["args"]["draft_steps"]
     assert (log["target"][-1]["seconds"] + log["draft"][-1]["seconds"]) / 60 <= 90
     assert log["target_heldout_loss"] < log["draft_heldout_loss"] < 8.318  # both far below uniform (ln 4096)
 
 
-def test_shipped_pair_matches_transformers(pair, corpus):
+def test_corpus_is_the_training_corpus_where_it_can_be(corpus, pair):
+    "On the Python that trained the pair, this library is the corpus, and the shipped held-out stream re-encodes."
+    log = json.loads((PAIR / "train_log.json").read_text())
+    if corpus[1] != log["corpus_digest"]:
+        pytest.skip(f"this standard library (corpus {corpus[1]}) is not the one that trained the pair "
+                    f"({log['corpus_digest']}, Python {log['python']}); the shipped evaluation set stands in for it")
+    assert torch.equal(shipped_heldout_ids(), encode_texts(pair[2].backend_tokenizer, corpus[0]["heldout"]))
+
+
+def test_shipped_pair_matches_transformers(pair):
     from transformers import AutoModelForCausalLM
     target, draft, tok = pair
-    ids = heldout_prompts(tok.backend_tokenizer, corpus[0]["heldout"], n=1, prompt_len=40, seed=5)[0]
+    ids = eval_prompts(n=1, prompt_len=40, seed=5)[0]
     for name, model in (("target", target), ("draft", draft)):
         hf = AutoModelForCausalLM.from_pretrained(str(tiny_pair_path(name)), dtype=torch.float32).eval()
         assert parity_error(hf, model, torch.tensor(ids), prefill=30) < 1e-4, name
@@ -56,10 +70,10 @@ def test_shared_tokenizer_round_trips(pair):
     assert tok.decode(tok(text)["input_ids"]) == text
 
 
-def test_heldout_greedy_acceptance_at_least_half(pair, corpus):
+def test_heldout_greedy_acceptance_at_least_half(pair):
     """Deterministic (greedy, fixed prompts): the pair's per-token greedy acceptance on held-out files is >= 0.5."""
     target, draft, tok = pair
-    prompts = heldout_prompts(tok.backend_tokenizer, corpus[0]["heldout"], n=12, prompt_len=48, seed=1)
+    prompts = eval_prompts(n=12, prompt_len=48, seed=1)
     assert greedy_acceptance(target, draft, prompts, new_tokens=24) >= 0.5
 
 
