@@ -198,7 +198,7 @@ def greedy_step(prefix, target_fn, draft_fn, kappa, rng=None):
     for _ in range(kappa): xs.append(argmax_token(draft_fn(prefix + tuple(xs))))
     out = []
     for i, x in enumerate(xs):
-        out.append(argmax_token(target_fn(prefix + tuple(xs[:i]))))  # == x when accepted: one write for both
+        out.append(argmax_token(target_fn(prefix + tuple(xs[:i]))))  # equals x exactly when x is accepted
         if out[-1] != x: return out
     return out + [argmax_token(target_fn(prefix + tuple(xs)))]
 
