@@ -1,14 +1,16 @@
 """Fuzz tests of speclab.kv: random workloads over several requests (add with shared prompt prefixes, speculative
 steps with kappa 0..4 and any accepted count, preempt, finish), with every invariant checked after every operation.
-speclab's policy must never violate one; the two buggy policies must be caught by the same checks."""
+speclab's policy must never violate one; the two buggy policies must be caught by the same checks. The chapter's own
+seeded fuzzer (`fuzz_invariants`, `shrink_ops`) is tested at the end, on the chapter's bugs and one planted here."""
 import re
 
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, find, given, settings, strategies as st
 
-from speclab.kv import (FREED, BlockManager, PagedKV, check_invariants, committed_attention, scratch_attention,
-                        toy_kv, toy_step, window)
+from speclab.kv import (FREED, BlockManager, PagedKV, check_invariants, committed_attention, fuzz_invariants,
+                        random_ops, replay, scratch_attention, shrink_ops, toy_kv, toy_step, window)
+from speclab.sampling import PLACEHOLDER_TOKEN_ID
 
 PREFIX = list(range(1, 13))  # prompts start with a piece of this, so the prefix cache gets hits
 EXAMPLES = 200
@@ -121,7 +123,7 @@ def _manager():
     (lambda m: m.commit("a", True, [7, 1]), "must be an int"),
     (lambda m: m.commit("a", 1, [7]), "num_accepted + 1"),
     (lambda m: m.commit("a", 1, [8, 1]), "accepted drafts"),
-    (lambda m: m.commit("a", 0, [-1]), "emitted_tokens"),
+    (lambda m: m.commit("a", 0, [PLACEHOLDER_TOKEN_ID]), "emitted_tokens"),
     (lambda m: m.commit("b", 0, [1]), "no step in flight"),
     (lambda m: m.commit("x", 0, [1]), "unknown request id 'x'"),
     (lambda m: m.schedule("x"), "unknown request id 'x'"),
@@ -149,3 +151,59 @@ def test_stale_commit_after_preemption_is_refused():
     before = m.state()
     with pytest.raises(ValueError, match="no step in flight"): m.commit("a", 2, [7, 8, 0])
     assert m.state() == before and m.requests["a"].num_computed_tokens == 0
+
+
+class _EagerTrim(BlockManager):
+    "After each commit, release the blocks past the committed positions; `off_by_one` keeps ceil((c - 1) / b)."
+    off_by_one = True
+
+    def commit(self, req_id, num_accepted, emitted_tokens):
+        c = super().commit(req_id, num_accepted, emitted_tokens)
+        r = self.requests[req_id]
+        keep = -(-(c - 1) // self.block_size) if self.off_by_one else -(-c // self.block_size)
+        for b in reversed(r.block_ids[keep:]):
+            self._release(b)
+        del r.block_ids[keep:]
+        return c
+
+
+class _EagerTrimFixed(_EagerTrim):
+    off_by_one = False
+
+
+def test_random_ops_are_seeded_and_well_formed():
+    ops = random_ops(60, seed=3)
+    assert ops == random_ops(60, seed=3) and ops != random_ops(60, seed=4)
+    assert {op[0] for op in ops} <= {"add", "step", "finish", "preempt"} and ops[0][0] == "add"
+    for op in ops:
+        if op[0] == "step":
+            _, _, drafts, num_accepted, _ = op
+            assert len(drafts) <= 4 and 0 <= num_accepted <= len(drafts)
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(sliding_window=6), dict(num_blocks=12, block_size=2, sliding_window=5)])
+def test_fuzzer_passes_speclab_and_a_correct_subclass(kwargs):
+    for policy in ("speclab", _EagerTrimFixed):
+        assert [s for s in range(40) if fuzz_invariants(policy, 40, s, **kwargs)] == []
+
+
+@pytest.mark.parametrize("policy, kwargs, expected", [
+    ("buggy_prefix", {}, "prefix cache"),
+    ("buggy_window", dict(sliding_window=6), "stale read"),
+    (_EagerTrim, {}, "block table shorter"),
+])
+def test_fuzzer_catches_and_shrinks_each_planted_bug(policy, kwargs, expected):
+    "Each bug is found on most seeds, and shrinking leaves at most three operations that still show it."
+    failing = [s for s in range(10) if fuzz_invariants(policy, 40, s, **kwargs)]
+    assert len(failing) >= 5, failing
+    trace = min((shrink_ops(policy, random_ops(40, s), **kwargs) for s in failing), key=len)
+    assert len(trace) <= 3, trace
+    bad = replay(policy, trace, **kwargs)
+    assert any(expected in e for e in bad), bad
+    assert replay("speclab", trace, **kwargs) == []
+
+
+def test_shrink_needs_a_failing_trace_and_replay_skips_lost_requests():
+    with pytest.raises(ValueError, match="failing trace"):
+        shrink_ops("speclab", random_ops(10, seed=0))
+    assert replay("speclab", [("step", 7, [1], 1, 2), ("finish", 7), ("add", 1, [3, 4]), ("step", 1, [], 0, 5)]) == []

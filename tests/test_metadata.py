@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from speclab.metadata import SpecDecodeMetadata, draft_tokens_from_inputs, expand_batch_to_tokens
-from speclab.sampling import cu_num_draft_tokens, rejection_sample
+from speclab.sampling import PLACEHOLDER_TOKEN_ID, cu_num_draft_tokens, rejection_sample
 
 
 @st.composite
@@ -96,7 +96,7 @@ def test_feeds_rejection_sample(batch, seed):
                            torch.softmax(logits[md.target_logits_indices], -1), bonus,
                            generators=[torch.Generator().manual_seed(seed + b) for b in range(B)])
     assert out.shape == (B, md.max_spec_len + 1)
-    emitted = (out >= 0).sum(1)
+    emitted = (out != PLACEHOLDER_TOKEN_ID).sum(1)
     assert bool((emitted >= 1).all()) and bool((emitted <= torch.tensor(md.num_draft_tokens) + 1).all())
     for b in (b for b in range(B) if md.num_draft_tokens[b] == 0):
         assert out[b, 0] == bonus[b]
@@ -121,7 +121,7 @@ BAD = [
     (([],), "draft_token_ids"),
     ((None,), "draft_token_ids"),
     (([1, 2],), "draft_token_ids[0]"),
-    (([[1], [2, -1]],), "draft_token_ids[1]"),
+    (([[1], [2, PLACEHOLDER_TOKEN_ID]],), "draft_token_ids[1]"),
     (([[1.0]],), "draft_token_ids[0]"),
     (([[True]],), "draft_token_ids[0]"),
     (([[1], []], [2]), "cu_num_scheduled_tokens"),
