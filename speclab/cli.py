@@ -17,8 +17,10 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, NoReturn
 
 import speclab
 
@@ -28,7 +30,7 @@ class UsageError(Exception):
 
 class Parser(argparse.ArgumentParser):
     "argparse with one-line errors that name the subcommand, instead of a usage block and an error line."
-    def error(self, message):
+    def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: error: {message} (see `{self.prog} --help`)")
 
 def one_line(e: BaseException) -> str:
@@ -37,7 +39,7 @@ def one_line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 @contextmanager
-def user_input(command: str):
+def user_input(command: str) -> Iterator[None]:
     "Turn the `ValueError`, `TypeError` or `OSError` raised while reading the user's input into a `UsageError`."
     try:
         yield
@@ -65,7 +67,7 @@ def check_device(device: str, backend: str = "torch") -> str:
     return device
 
 # %% ../nbs/90_cli.ipynb #fb795c21
-def cmd_proof(args):
+def cmd_proof(args: argparse.Namespace) -> int:
     "Run Chapter 1's exactness checks and print the report; 0 when every verdict is as expected."
     from speclab.proof import LEVEL, POWER, format_proof_report, proof_checks
     print(f"speclab proof: does speculative sampling emit exactly the target's law? (chi-square, level {LEVEL:g}, "
@@ -99,7 +101,7 @@ ROOFLINE_ROWS = [  # (key of `roofline_summary`, label, format) for the readable
     ("compute_bound_speedup", "compute-bound limit of the speedup", "{:.3f}x"),
 ]
 
-def roofline_cell(key: str, value, fmt: str) -> str:
+def roofline_cell(key: str, value: float, fmt: str) -> str:
     "One value of the table in words where a number would mislead: `never` for the crossing, `n/a` for alpha*."
     if key == "crossing_batch" and value == 0:
         return "never pays"
@@ -109,7 +111,7 @@ def roofline_cell(key: str, value, fmt: str) -> str:
         return "n/a (c >= 1)"
     return fmt.format(value)
 
-def cmd_roofline(args):
+def cmd_roofline(args: argparse.Namespace) -> int:
     "Print the roofline figures for one configuration (a table, or JSON with --json)."
     from speclab.roofline import roofline_summary
     with user_input("roofline"):
@@ -125,7 +127,7 @@ def cmd_roofline(args):
     return 0
 
 # %% ../nbs/90_cli.ipynb #e1c9fbf5
-def cmd_train_toy(argv):
+def cmd_train_toy(argv: list[str]) -> int:
     "Forward the arguments to `speclab.train.main` (the tiny pair's training script)."
     from speclab.train import main as train_main
     train_main(argv)
@@ -147,7 +149,7 @@ def resolve_checkpoint(name: str, role: str = "target") -> Path:
         return tiny_pair_path(SHIPPED.get(name, role))
     return checkpoint_folder(name)
 
-def sampling_params(args, **extra):
+def sampling_params(args: argparse.Namespace, **extra: Any) -> Any:  # a speclab.engine.SamplingParams
     "The engine's `SamplingParams` for a `generate` or `demo` command line; an error names the flag."
     from speclab.engine import SamplingParams
     try:
@@ -157,7 +159,9 @@ def sampling_params(args, **extra):
         field, _, rest = str(e).partition(" ")
         raise UsageError(f"speclab {args.command}: error: {FLAGS.get(field, field)} {rest}") from None
 
-def load_decoder(target, draft=None, ngram=None, kappa=3, dtype="fp32", device="cpu", backend="torch", seed=0):
+def load_decoder(target: str, draft: str | None = None, ngram: int | None = None, kappa: int = 3, dtype: str = "fp32",
+                 device: str = "cpu", backend: str = "torch",
+                 seed: int = 0) -> tuple[Any, Any]:  # (speclab.engine.SpecDecoder, a transformers tokenizer)
     "A SpecDecoder on local checkpoints (draft model, n-gram lookup, or neither) and the target's tokenizer."
     import torch
     from speclab.engine import ModelDrafter, NgramDrafter, SpecDecoder
@@ -182,7 +186,7 @@ def _metrics_json(m) -> dict:
     return dict(num_drafts=m.num_drafts, num_draft_tokens=m.num_draft_tokens, num_accepted_tokens=m.num_accepted_tokens,
                 mean_acceptance_length=m.mean_acceptance_length, per_position=m.per_position)
 
-def cmd_generate(args):
+def cmd_generate(args: argparse.Namespace) -> int:
     "Speculative generation on local checkpoints; prints completions and metrics (or JSON). Errors go to stderr."
     params = sampling_params(args)
     with user_input("generate"):
@@ -272,7 +276,11 @@ def _timed(fn):
     result = fn()
     return time.perf_counter() - t0, result
 
-def time_demo(eng, tok, prompts, expected, params, repeats=3):
+def time_demo(eng: Any,  # the speclab.engine.SpecDecoder of `load_decoder`
+              tok: Any,  # its tokenizer
+              prompts: Sequence[str], expected: Sequence[list[int]],
+              params: Any,  # a speclab.engine.SamplingParams
+              repeats: int = 3) -> tuple[list[float], list[float], bool]:
     "Per prompt, median seconds per token of speculative and plain decoding, interleaved; and whether greedy agreed."
     from speclab.model import generate
     seed = params.seed or 0
@@ -297,7 +305,7 @@ def training_minutes() -> float:
     log = json.loads((tiny_pair_path("target").parent / "train_log.json").read_text())
     return (log["target"][-1]["seconds"] + log["draft"][-1]["seconds"]) / 60
 
-def cmd_demo(args):
+def cmd_demo(args: argparse.Namespace) -> int:
     "The shipped pair: six functions completed with speculation (streamed), vLLM's metrics, a fair speed comparison."
     from speclab.acceptance import torch_threads
     from speclab.engine import SpecMetrics
@@ -365,7 +373,7 @@ def _sweep_table(rows: list) -> str:
                      f"{r['E']:5.2f} {r['alpha_hat']:6.3f}  {rates}")
     return "\n".join(lines)
 
-def cmd_sweep(args):
+def cmd_sweep(args: argparse.Namespace) -> int:
     "Lab 08's sweep on the shipped pair: vLLM's metrics line per batch size, the table, the crossing (Chapter 9)."
     from speclab.acceptance import measure_roofline, measured_crossing, save_table, step_seconds, sweep_tiny_pair
     from speclab.acceptance import torch_threads
@@ -398,7 +406,7 @@ def cmd_sweep(args):
     return 0
 
 # %% ../nbs/90_cli.ipynb #2635e54b
-def cmd_grade(args):
+def cmd_grade(args: argparse.Namespace) -> int:
     "Grade one submission (results.json) or a folder of them (a CSV) with Chapter 10's sandboxed grader."
     from speclab.grading import grade, grade_folder, load_lab, sandbox_problem, write_gradescope, write_results
     with user_input("grade"):
@@ -532,7 +540,7 @@ def build_parser() -> Parser:
 AT_LEAST_1 = ("n", "kappa", "max_tokens", "ngram", "batch", "num_spec_tokens", "output_len", "num_prompts", "repeats",
               "threads")
 
-def check_args(args) -> None:
+def check_args(args: argparse.Namespace) -> None:
     "Every range check argparse cannot express, in one place: a `UsageError` naming the flag."
     def fail(message):
         raise UsageError(f"speclab {args.command}: error: {message}")
@@ -548,7 +556,7 @@ def check_args(args) -> None:
     if args.command == "grade" and not args.gradescope and not args.path:
         fail("give a submission (.ipynb) or a folder of them, or --gradescope DIR")
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     "Entry point of the `speclab` console script: the exit status; mistakes print one line on stderr (status 2)."
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # speclab reads local folders only; never wait on the Hub
     parser = build_parser()

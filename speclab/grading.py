@@ -23,8 +23,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -87,7 +89,7 @@ def _ok_test(path: Path) -> dict:
             return ast.literal_eval(node.value)
     raise ValueError(f"{path}: no `test = {{...}}` assignment")
 
-def read_tests(tests_dir) -> list:
+def read_tests(tests_dir: str | Path) -> list[TestCase]:
     "Every case of every OK-format test file in `tests_dir` (points per case from the file's list or total)."
     cases = []
     for path in sorted(Path(tests_dir).glob("*.py")):
@@ -114,7 +116,7 @@ class Lab:
         "Total points of the lab."
         return sum(c.points for c in self.cases)
 
-def load_lab(path) -> Lab:
+def load_lab(path: str | Path) -> Lab:
     "A lab folder holding autograder/<notebook>.ipynb (for the name) and autograder/tests/*.py."
     path = Path(path)
     tests = path / "autograder" / "tests"
@@ -314,7 +316,7 @@ class Sandbox:
             self.close()
             raise SandboxError(f"the grading sandbox did not start ({e}): {why}") from None
 
-    def request(self, op: str, timeout: float, **fields):
+    def request(self, op: str, timeout: float, **fields: Any) -> dict:
         "Send one request; the child's JSON answer, or GradingError when it times out or the process has ended."
         self.next_id = random.getrandbits(62)                 # unpredictable: no answer can be written in advance
         message = json.dumps({"id": self.next_id, "op": op, **fields}) + "\n"
@@ -384,7 +386,7 @@ class Sandbox:
         self.close()
 
 # %% ../nbs/10_grading.ipynb #697e0f6a
-def read_submission(path, lab: Lab) -> list:
+def read_submission(path: str | Path, lab: Lab) -> list[str]:
     "The code cells of a submitted notebook, or a ValueError saying why it cannot be graded (nothing is run)."
     path = Path(path)
     try:
@@ -415,7 +417,7 @@ def read_submission(path, lab: Lab) -> list:
     return cells
 
 # %% ../nbs/10_grading.ipynb #76b45472
-def verdict_from_draws(draws, spec: dict) -> str:
+def verdict_from_draws(draws: object, spec: dict) -> str:
     "Chapter 1's verdict on draws the student's sampler made: 'PASS', or 'FAIL: ...' with the chi-square."
     p = np.asarray(spec["p"], np.float64)
     ok = isinstance(draws, list) and len(draws) == spec["n"]
@@ -552,7 +554,8 @@ def _fresh_child(cells, skip, hide, limits, practice, deadline, messages) -> San
         messages.append(f"code cell {bad + 1} is skipped and the notebook run again without it")
     return Sandbox(hide, limits, practice)
 
-def grade(submission, lab: Lab, limits: Limits = Limits(), practice: bool | None = None, hide=()) -> GradeReport:
+def grade(submission: str | Path, lab: Lab, limits: Limits = Limits(), practice: bool | None = None,
+          hide: Sequence[str | Path] = ()) -> GradeReport:
     "Grade one notebook: its cells in a sandboxed child, each test's expression there, every judgment here."
     t0 = time.monotonic()
     problem = sandbox_problem()
@@ -606,15 +609,15 @@ def _grade_case(box: Sandbox, case: TestCase, limits: Limits, deadline: float) -
     return _check(case, reply, None), False
 
 # %% ../nbs/10_grading.ipynb #06e37466
-def write_results(report: GradeReport, path) -> Path:
+def write_results(report: GradeReport, path: str | Path) -> Path:
     "Write Gradescope's results.json for one report."
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report.gradescope(), indent=1))
     return path
 
-def grade_folder(folder, lab: Lab, out_csv, limits: Limits = Limits(), practice: bool | None = None,
-                 progress: bool = True) -> list:
+def grade_folder(folder: str | Path, lab: Lab, out_csv: str | Path, limits: Limits = Limits(),
+                 practice: bool | None = None, progress: bool = True) -> list[GradeReport]:
     "Grade every .ipynb in `folder` (sorted), one row per submission in `out_csv`; a progress bar on the way."
     folder, out_csv = Path(folder), Path(out_csv)
     submissions = sorted(folder.glob("*.ipynb"))
@@ -651,7 +654,7 @@ apt-get update && apt-get install -y python3 python3-pip python3-venv util-linux
 python3 -m pip install {requirement}
 """
 
-def write_gradescope(lab: Lab, out, requirement: str = "speclab") -> Path:
+def write_gradescope(lab: Lab, out: str | Path, requirement: str = "speclab") -> Path:
     "A Gradescope autograder folder for `lab`: setup.sh, run_autograder and the lab's trusted tests (zip its contents)."
     out = Path(out)
     (out / "lab").mkdir(parents=True, exist_ok=True)

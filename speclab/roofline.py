@@ -16,8 +16,10 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from scipy import optimize
 
 from .proof import as_count, expected_tokens
@@ -83,7 +85,7 @@ class ModelSpec:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes(dtype)
 
     @classmethod
-    def from_config(cls, config, name: str | None = None) -> "ModelSpec":
+    def from_config(cls, config: dict | Any, name: str | None = None) -> "ModelSpec":
         "Build a `ModelSpec` from a `transformers.LlamaConfig` or a config.json dict."
         cfg = config if isinstance(config, dict) else config.to_dict()
         if cfg.get("model_type") not in LLAMA_MODEL_TYPES:
@@ -142,7 +144,7 @@ GPUS = {  # datasheet peaks: HBM bandwidth and dense BF16 tensor-core throughput
     "a100-80gb": GPUSpec("A100 80GB SXM", 2.039e12, 312e12),
 }
 
-def get_gpu(gpu):
+def get_gpu(gpu: str | GPUSpec) -> GPUSpec:
     "A `GPUSpec`, or a built-in one by name (h100, h200, a100-80gb)."
     if isinstance(gpu, GPUSpec):
         return gpu
@@ -151,31 +153,31 @@ def get_gpu(gpu):
     return GPUS[gpu.lower()]
 
 # %% ../nbs/02_roofline.ipynb #26988269
-def decode_floor_s(model, gpu, dtype="bf16"):
+def decode_floor_s(model: ModelSpec, gpu: str | GPUSpec, dtype: str | int | float = "bf16") -> float:
     "Lower bound on one batch-1 decode step: streamed weight bytes / memory bandwidth (seconds)."
     return model.bytes_per_step(dtype) / get_gpu(gpu).bandwidth
 
-def decode_floor(model, gpu, dtype="bf16"):
+def decode_floor(model: ModelSpec, gpu: str | GPUSpec, dtype: str | int | float = "bf16") -> tuple[float, float]:
     "The batch-1 decode floor as (milliseconds per step, tokens per second)."
     s = decode_floor_s(model, gpu, dtype)
     return s * 1e3, 1 / s
 
 # %% ../nbs/02_roofline.ipynb #b38852bb
-def arithmetic_intensity(positions, dtype="bf16"):
+def arithmetic_intensity(positions: npt.ArrayLike, dtype: str | int | float = "bf16") -> np.float64 | np.ndarray:
     "FLOP per byte of a weight-streaming step over `positions` token positions: 2T / (bytes per weight)."
     return 2 * np.asarray(positions, np.float64) / dtype_bytes(dtype)
 
-def ridge(gpu, dtype="bf16"):
+def ridge(gpu: str | GPUSpec, dtype: str | int | float = "bf16") -> float:
     "T*: the number of token positions per step at which the weight stream stops being the bottleneck."
     gpu = get_gpu(gpu)
     return gpu.flops * dtype_bytes(dtype) / (2 * gpu.bandwidth)
 
-def step_cost(positions, t_star):
+def step_cost(positions: npt.ArrayLike, t_star: float) -> np.float64 | np.ndarray:
     "Cost of a step holding `positions` token positions, in units of the bandwidth floor: max(1, T/T*)."
     return np.maximum(1.0, np.asarray(positions, np.float64) / t_star)
 
 # %% ../nbs/02_roofline.ipynb #6c368cb9
-def expected_tokens_from_rates(rates):
+def expected_tokens_from_rates(rates: npt.ArrayLike) -> float:
     "E = 1 + sum(r_i) from per-position unconditional acceptance rates r_1 >= r_2 >= ... (each in [0, 1])."
     r = np.asarray(rates, np.float64)
     if r.ndim != 1 or r.size == 0:
@@ -187,40 +189,43 @@ def expected_tokens_from_rates(rates):
     return 1 + float(r.sum())
 
 # %% ../nbs/02_roofline.ipynb #284dca8f
-def cost_ratio(draft, target, dtype="bf16", draft_dtype=None):
+def cost_ratio(draft: ModelSpec, target: ModelSpec, dtype: str | int | float = "bf16",
+               draft_dtype: str | int | float | None = None) -> float:
     "c = t_D / t_T in the memory-bound regime: the ratio of streamed weight bytes per decode step."
     return draft.bytes_per_step(draft_dtype or dtype) / target.bytes_per_step(dtype)
 
-def check_alpha(alpha):
+def check_alpha(alpha: float | np.floating) -> float:
     "Validate an acceptance rate in [0, 1]."
     if not (isinstance(alpha, (int, float, np.floating)) and 0 <= alpha <= 1):
         raise ValueError(f"alpha must lie in [0, 1], got {alpha!r}")
     return float(alpha)
 
-def naive_speedup(alpha, kappa, c):
+def naive_speedup(alpha: float, kappa: int, c: float) -> float:
     "S = E / (1 + kappa c): speedup of chain speculation while every step is memory-bound."
     if not c >= 0:
         raise ValueError(f"c must be >= 0, got {c!r}")
     return float(expected_tokens(check_alpha(alpha), as_count(kappa, "kappa"))) / (1 + kappa * c)
 
-def spec_step_ms(target, draft, gpu, kappa, dtype="bf16"):
+def spec_step_ms(target: ModelSpec, draft: ModelSpec, gpu: str | GPUSpec, kappa: int,
+                 dtype: str | int | float = "bf16") -> float:
     "Time of one speculative step at batch 1 on the bandwidth floor: t_T + kappa t_D (milliseconds)."
     return (decode_floor_s(target, gpu, dtype) + as_count(kappa, "kappa") * decode_floor_s(draft, gpu, dtype)) * 1e3
 
 # %% ../nbs/02_roofline.ipynb #60eb26b5
-def break_even_alpha(kappa, c):
+def break_even_alpha(kappa: int, c: float) -> float:
     "alpha* where E(alpha, kappa) = 1 + kappa c: below it speculation is slower than plain decoding (nan if c >= 1)."
     kappa = as_count(kappa, "kappa")
     if c >= 1:
         return float("nan")
     return optimize.brentq(lambda a: float(expected_tokens(a, kappa)) - (1 + kappa * c), 0.0, 1.0, xtol=1e-12)
 
-def optimal_kappa(alpha, c, max_kappa=32):
+def optimal_kappa(alpha: float, c: float, max_kappa: int = 32) -> int:
     "The kappa in 1..max_kappa that maximises the naive speedup E / (1 + kappa c)."
     return 1 + int(np.argmax([naive_speedup(alpha, k, c) for k in range(1, as_count(max_kappa, "max_kappa") + 1)]))
 
 # %% ../nbs/02_roofline.ipynb #ceb86ec0
-def batch_speedup(alpha, kappa, c, batch, t_star):
+def batch_speedup(alpha: float, kappa: int, c: float, batch: npt.ArrayLike,
+                  t_star: float) -> np.float64 | np.ndarray:
     "Throughput speedup S(B) of chain speculation over plain decoding at batch size `batch` under the roofline."
     E = float(expected_tokens(check_alpha(alpha), as_count(kappa, "kappa")))
     B = np.asarray(batch, np.float64)
@@ -229,12 +234,12 @@ def batch_speedup(alpha, kappa, c, batch, t_star):
     plain = step_cost(B, t_star)
     return E * plain / (step_cost(B * (kappa + 1), t_star) + kappa * c * plain)
 
-def compute_bound_speedup(alpha, kappa, c):
+def compute_bound_speedup(alpha: float, kappa: int, c: float) -> float:
     "The B >= T* limit of S(B): E / (kappa + 1 + kappa c)."
     return float(expected_tokens(check_alpha(alpha), as_count(kappa, "kappa"))) / (kappa + 1 + kappa * c)
 
 # %% ../nbs/02_roofline.ipynb #4d2145d4
-def crossing_batch(alpha, kappa, c, t_star):
+def crossing_batch(alpha: float, kappa: int, c: float, t_star: float) -> float:
     "Batch size where S(B) falls to 1 (0.0 if speculation never pays, inf if it pays at every batch)."
     S = lambda B: float(batch_speedup(alpha, kappa, c, B, t_star)) - 1
     if S(1.0) <= 0:
@@ -244,7 +249,8 @@ def crossing_batch(alpha, kappa, c, t_star):
     return optimize.brentq(S, 1.0, t_star, xtol=1e-9)
 
 # %% ../nbs/02_roofline.ipynb #9cd79a0f
-def step_time_s(model, gpu, positions, seqs, context_len=0, dtype="bf16", kv_shared=True):
+def step_time_s(model: ModelSpec, gpu: str | GPUSpec, positions: float, seqs: float, context_len: int = 0,
+                dtype: str | int | float = "bf16", kv_shared: bool = True) -> float:
     "Roofline time of a step: `positions` token positions over `seqs` sequences with `context_len` cached tokens each."
     gpu, kv = get_gpu(gpu), model.kv_bytes_per_token(dtype)
     reads = (seqs if kv_shared else positions) * context_len * kv
@@ -252,15 +258,17 @@ def step_time_s(model, gpu, positions, seqs, context_len=0, dtype="bf16", kv_sha
     flops = positions * (model.flops_per_token + 4 * model.num_layers * model.num_heads * model.head_dim * context_len)
     return max(mem / gpu.bandwidth, flops / gpu.flops)
 
-def context_speedup(target, draft, gpu, alpha, kappa, batch, context_len=0, dtype="bf16", kv_shared=True):
+def context_speedup(target: ModelSpec, draft: ModelSpec, gpu: str | GPUSpec, alpha: float, kappa: int, batch: float,
+                    context_len: int = 0, dtype: str | int | float = "bf16", kv_shared: bool = True) -> float:
     "S(B) with KV reads and attention FLOPs for `context_len` tokens of context per sequence."
     E, B = float(expected_tokens(check_alpha(alpha), as_count(kappa, "kappa"))), batch
     t = lambda model, T: step_time_s(model, gpu, T, B, context_len, dtype, kv_shared)
     return E * t(target, B) / (t(target, B * (kappa + 1)) + kappa * t(draft, B))
 
 # %% ../nbs/02_roofline.ipynb #2734cacb
-def context_crossing_batch(target, draft, gpu, alpha, kappa, context_len=0, dtype="bf16", kv_shared=True,
-                           max_batch=1e6):
+def context_crossing_batch(target: ModelSpec, draft: ModelSpec, gpu: str | GPUSpec, alpha: float, kappa: int,
+                           context_len: int = 0, dtype: str | int | float = "bf16", kv_shared: bool = True,
+                           max_batch: float = 1e6) -> float:
     "Batch size where `context_speedup` falls to 1 (0.0 if it never pays, inf if not below `max_batch`)."
     S = lambda B: context_speedup(target, draft, gpu, alpha, kappa, B, context_len, dtype, kv_shared) - 1
     if S(1.0) <= 0:
@@ -270,7 +278,8 @@ def context_crossing_batch(target, draft, gpu, alpha, kappa, context_len=0, dtyp
     return optimize.brentq(S, 1.0, max_batch, xtol=1e-6)
 
 # %% ../nbs/02_roofline.ipynb #6e68ae89
-def kv_slots_per_step(method, kappa=0, topk=1, draft_slots=0, draft_tokens=None):
+def kv_slots_per_step(method: str, kappa: int = 0, topk: int = 1, draft_slots: int = 0,
+                      draft_tokens: int | None = None) -> int:
     "KV slots one decode request reserves per step: 'plain', 'vllm' or 'sglang' (chain: draft_tokens = kappa + 1)."
     if method == "plain":
         return 1
@@ -281,29 +290,34 @@ def kv_slots_per_step(method, kappa=0, topk=1, draft_slots=0, draft_tokens=None)
         return 2 * max(as_count(topk, "topk") * kappa, draft_tokens or kappa + 1)
     raise ValueError(f"method must be 'plain', 'vllm' or 'sglang', got {method!r}")
 
-def reserved_kv_bytes(model, batch, slots, dtype="bf16"):
+def reserved_kv_bytes(model: ModelSpec, batch: int, slots: int, dtype: str | int | float = "bf16") -> int | float:
     "KV bytes reserved in one step by `batch` requests of `slots` slots each."
     return as_count(batch, "batch") * slots * model.kv_bytes_per_token(dtype)
 
-def max_concurrency(model, pool_bytes, context_len, slots=1, dtype="bf16"):
+def max_concurrency(model: ModelSpec, pool_bytes: float, context_len: int, slots: int = 1,
+                    dtype: str | int | float = "bf16") -> int:
     "How many requests of `context_len` cached tokens plus `slots` reserved slots fit in a KV pool of `pool_bytes`."
     return int(pool_bytes // ((context_len + slots) * model.kv_bytes_per_token(dtype)))
 
 # %% ../nbs/02_roofline.ipynb #646a5719
-def compaction_bytes(model, batch, accepted_tokens, dtype="bf16"):
+def compaction_bytes(model: ModelSpec, batch: int, accepted_tokens: float,
+                     dtype: str | int | float = "bf16") -> int | float:
     "Traffic of moving accepted tree tokens to the contiguous tail: read + write of each token's KV."
     return 2 * batch * accepted_tokens * model.kv_bytes_per_token(dtype)
 
-def compaction_us(model, gpu, batch, accepted_tokens, dtype="bf16"):
+def compaction_us(model: ModelSpec, gpu: str | GPUSpec, batch: int, accepted_tokens: float,
+                  dtype: str | int | float = "bf16") -> float:
     "Time of that traffic at full memory bandwidth (microseconds)."
     return compaction_bytes(model, batch, accepted_tokens, dtype) / get_gpu(gpu).bandwidth * 1e6
 
-def exponential_bytes(batch, vocab_size, dtype="fp32"):
+def exponential_bytes(batch: int, vocab_size: int, dtype: str | int | float = "fp32") -> int | float:
     "Bytes of vLLM's per-request exponential noise: one row over the vocabulary for each of `batch` requests."
     return as_count(batch, "batch") * as_count(vocab_size, "vocab_size") * dtype_bytes(dtype)
 
 # %% ../nbs/02_roofline.ipynb #47c2a871
-def roofline_summary(target, draft, gpu="h100", kappa=3, alpha=0.7, batch=1, dtype="bf16"):
+def roofline_summary(target: ModelSpec | str | Path, draft: ModelSpec | str | Path, gpu: str | GPUSpec = "h100",
+                     kappa: int = 3, alpha: float = 0.7, batch: int = 1,
+                     dtype: str | int | float = "bf16") -> dict[str, str | int | float]:
     "The chapter's figures for one configuration, as a dict of plain numbers (`speclab roofline --json`)."
     target = target if isinstance(target, ModelSpec) else ModelSpec.load(target)
     draft = draft if isinstance(draft, ModelSpec) else ModelSpec.load(draft)
