@@ -17,7 +17,9 @@ import math
 import sys
 import sysconfig
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,36 +32,39 @@ CORPUS_SKIP = ("test", "tests", "idlelib", "lib2to3", "site-packages", "dist-pac
                "ensurepip", "turtledemo", "__pycache__")
 HELDOUT_EVERY = 20  # one file in 20 (by a hash of its path) is held out
 
-def corpus_files(root=None, max_bytes=300_000):
+def corpus_files(root: str | Path | None = None, max_bytes: int = 300_000) -> tuple[Path, list[Path]]:
     "The standard library's own .py files (sorted), skipping tests, data tables and vendored packages."
     root = Path(root or sysconfig.get_paths()["stdlib"])
-    if not root.is_dir(): raise FileNotFoundError(f"corpus root not found: {root}")
+    if not root.is_dir():
+        raise FileNotFoundError(f"corpus root not found: {root}")
     files = [p for p in root.rglob("*.py")
              if not set(p.relative_to(root).parts[:-1]) & set(CORPUS_SKIP) and p.stat().st_size <= max_bytes]
     return root, sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
-def is_heldout(rel_path):
+def is_heldout(rel_path: str | Path) -> bool:
     "Whether a file (by its path relative to the corpus root) belongs to the held-out split."
     return int(hashlib.sha1(str(rel_path).encode()).hexdigest(), 16) % HELDOUT_EVERY == 0
 
-def read_corpus(root=None):
+def read_corpus(root: str | Path | None = None) -> tuple[dict[str, list[str]], str]:
     "{'train': [...], 'heldout': [...]} source texts, plus a digest of the whole corpus so runs can be compared."
     root, files = corpus_files(root)
     split, h = {"train": [], "heldout": []}, hashlib.sha256()
     for p in files:
         rel = p.relative_to(root).as_posix()
         text = p.read_bytes().decode("utf-8", errors="replace")
-        h.update(rel.encode()); h.update(text.encode())
+        h.update(rel.encode())
+        h.update(text.encode())
         split["heldout" if is_heldout(rel) else "train"].append(text)
     return split, h.hexdigest()[:16]
 
 # %% ../nbs/07b_train.ipynb #62968621
 EOS = "<|endoftext|>"
 
-def train_tokenizer(texts, vocab_size=4096):
+def train_tokenizer(texts: Sequence[str], vocab_size: int = 4096) -> Any:
     "A byte-level BPE tokenizer (Hugging Face `tokenizers`) with one special token, the end of a file."
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
-    if vocab_size < 300: raise ValueError(f"vocab_size must be at least 300 (256 bytes + merges), got {vocab_size}")
+    if vocab_size < 300:
+        raise ValueError(f"vocab_size must be at least 300 (256 bytes + merges), got {vocab_size}")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -68,22 +73,24 @@ def train_tokenizer(texts, vocab_size=4096):
     tok.train_from_iterator(texts, trainer)
     return tok
 
-def save_tokenizer(tok, folder, max_len):
+def save_tokenizer(tok: Any, folder: str | Path, max_len: int) -> Any:
     "Save as a transformers `PreTrainedTokenizerFast` (tokenizer.json + tokenizer_config.json)."
     from transformers import PreTrainedTokenizerFast
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, model_max_length=max_len)
     fast.save_pretrained(str(folder))
     return fast
 
-def encode_texts(tok, texts):
+def encode_texts(tok: Any, texts: Sequence[str]) -> torch.Tensor:
     "One long int32 token stream: each file's tokens followed by the end-of-file token."
     eos = tok.token_to_id(EOS)
     ids = []
-    for enc in tok.encode_batch(texts): ids.extend(enc.ids); ids.append(eos)
+    for enc in tok.encode_batch(texts):
+        ids.extend(enc.ids)
+        ids.append(eos)
     return torch.tensor(ids, dtype=torch.int32)
 
 # %% ../nbs/07b_train.ipynb #6302132c
-def causal_logits(model, tokens):
+def causal_logits(model: Llama, tokens: torch.Tensor) -> torch.Tensor:
     "Logits [B, T, V] of a whole sequence at once (teacher forcing, no cache): the training-time forward."
     a, (B, T) = model.args, tokens.shape
     x = model.model.embed_tokens(tokens)
@@ -100,42 +107,44 @@ def causal_logits(model, tokens):
     return model.model.norm(x) @ model.head_weight.T
 
 # %% ../nbs/07b_train.ipynb #1d348deb
-def pair_args(vocab_size=4096):
+def pair_args(vocab_size: int = 4096) -> tuple[LlamaArgs, LlamaArgs]:
     "The shipped sizes: a 12-layer target of width 256 and a 2-layer draft of width 192 (tied embeddings)."
     target = LlamaArgs(vocab_size, 256, 768, 12, 4, 2, 64, tied_embeddings=True)
     draft = LlamaArgs(vocab_size, 192, 512, 2, 3, 1, 64, tied_embeddings=True)
     return target, draft
 
-def init_model(args, seed):
+def init_model(args: LlamaArgs, seed: int) -> Llama:
     "A Llama with GPT-2 style init: N(0, 0.02), residual output projections scaled by 1/sqrt(2 * layers)."
     torch.manual_seed(seed)
     model = Llama(args)
     for name, p in model.named_parameters():
         if p.dim() == 2:
-            std = 0.02 / math.sqrt(2 * args.num_layers) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+            residual_out = name.endswith(("o_proj.weight", "down_proj.weight"))
+            std = 0.02 / math.sqrt(2 * args.num_layers) if residual_out else 0.02
             torch.nn.init.normal_(p, std=std)
     return model
 
-def get_batch(data, step, seed, batch_size, seq_len):
+def get_batch(data: torch.Tensor, step: int, seed: int, batch_size: int, seq_len: int) -> torch.Tensor:
     "Windows of seq_len + 1 tokens at offsets drawn from (seed, step) alone, so a resumed run sees the same data."
     g = torch.Generator().manual_seed(seed * 1_000_003 + step)
     starts = torch.randint(0, len(data) - seq_len - 1, (batch_size,), generator=g)
     return torch.stack([data[s:s + seq_len + 1] for s in starts.tolist()]).long()
 
-def lr_at(step, steps, peak, warmup):
+def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
     "Linear warm-up, then cosine decay to a tenth of the peak."
-    if step < warmup: return peak * (step + 1) / warmup
+    if step < warmup:
+        return peak * (step + 1) / warmup
     t = (step - warmup) / max(1, steps - warmup)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 # %% ../nbs/07b_train.ipynb #7ce73c5a
-def distill_loss(draft_logits, teacher_logits):
+def distill_loss(draft_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
     "KL(teacher || draft) per position, averaged: training the draft on the target's whole distribution."
     t = F.log_softmax(teacher_logits.float(), -1)
     return (t.exp() * (t - F.log_softmax(draft_logits.float(), -1))).sum(-1).mean()
 
 @torch.no_grad()
-def eval_loss(model, data, seq_len=512, max_windows=16):
+def eval_loss(model: Llama, data: torch.Tensor, seq_len: int = 512, max_windows: int = 16) -> float:
     "Mean next-token cross-entropy over up to max_windows consecutive windows of the data."
     model.eval()
     n = min(max_windows, (len(data) - 1) // seq_len)
@@ -146,12 +155,16 @@ def eval_loss(model, data, seq_len=512, max_windows=16):
     return float(loss)
 
 # %% ../nbs/07b_train.ipynb #2e688091
-def train(model, data, ckpt, steps, *, teacher=None, heldout=None, seed=0, batch_size=8, seq_len=512, lr=2e-3,
-          warmup=50, weight_decay=0.1, save_every=50, eval_every=100, progress=True):
-    "Train (or distill from teacher) for steps; checkpoint to ckpt every save_every steps and resume from it if present."
+def train(model: Llama, data: torch.Tensor, ckpt: str | Path, steps: int, *, teacher: Llama | None = None,
+          heldout: torch.Tensor | None = None, seed: int = 0, batch_size: int = 8, seq_len: int = 512,
+          lr: float = 2e-3, warmup: int = 50, weight_decay: float = 0.1, save_every: int = 50, eval_every: int = 100,
+          progress: bool = True) -> list[dict]:
+    "Train (or distill from teacher) for steps; checkpoint to ckpt every save_every steps; resume from it if present."
     from tqdm.auto import tqdm
-    if steps < 1: raise ValueError(f"steps must be >= 1, got {steps}")
-    if len(data) <= seq_len + 1: raise ValueError(f"data holds {len(data)} tokens, fewer than seq_len + 2 = {seq_len + 2}")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if len(data) <= seq_len + 1:
+        raise ValueError(f"data holds {len(data)} tokens, fewer than seq_len + 2 = {seq_len + 2}")
     ckpt = Path(ckpt)
     decay = [p for p in model.parameters() if p.dim() == 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
@@ -160,35 +173,42 @@ def train(model, data, ckpt, steps, *, teacher=None, heldout=None, seed=0, batch
     start, log = 0, []
     if ckpt.is_file():
         state = torch.load(ckpt, weights_only=False)
-        model.load_state_dict(state["model"]); opt.load_state_dict(state["opt"]); start, log = state["step"], state["log"]
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start, log = state["step"], state["log"]
     model.train()
     bar = tqdm(range(start, steps), initial=start, total=steps, desc=ckpt.stem, disable=not progress)
     t0 = time.perf_counter() - (log[-1]["seconds"] if log else 0.0)
     for step in bar:
-        for g in opt.param_groups: g["lr"] = lr_at(step, steps, lr, warmup)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, lr, warmup)
         batch = get_batch(data, step, seed, batch_size, seq_len)
         logits = causal_logits(model, batch[:, :-1])
-        if teacher is None: loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        if teacher is None:
+            loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
         else:
-            with torch.no_grad(): t_logits = causal_logits(teacher, batch[:, :-1])
+            with torch.no_grad():
+                t_logits = causal_logits(teacher, batch[:, :-1])
             loss = distill_loss(logits, t_logits)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        entry = {"step": step + 1, "loss": loss.item(), "lr": opt.param_groups[0]["lr"], "seconds": time.perf_counter() - t0}
+        entry = {"step": step + 1, "loss": loss.item(), "lr": opt.param_groups[0]["lr"],
+                 "seconds": time.perf_counter() - t0}
         if heldout is not None and ((step + 1) % eval_every == 0 or step + 1 == steps):
             entry["heldout_loss"] = eval_loss(model, heldout, seq_len)
         log.append(entry)
         bar.set_postfix(loss=f"{entry['loss']:.3f}")
         if (step + 1) % save_every == 0 or step + 1 == steps:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1, "log": log}, ckpt.with_suffix(".tmp"))
+            state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1, "log": log}
+            torch.save(state, ckpt.with_suffix(".tmp"))
             ckpt.with_suffix(".tmp").replace(ckpt)
     model.eval()
     return log
 
 # %% ../nbs/07b_train.ipynb #ef65b7e7
-def hf_config(args, max_len, dtype="bfloat16"):
+def hf_config(args: LlamaArgs, max_len: int, dtype: str = "bfloat16") -> dict:
     "A transformers-compatible LlamaConfig dict for args."
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": args.vocab_size,
             "hidden_size": args.hidden_size, "intermediate_size": args.intermediate_size,
@@ -198,23 +218,26 @@ def hf_config(args, max_len, dtype="bfloat16"):
             "tie_word_embeddings": args.tied_embeddings, "attention_bias": False, "mlp_bias": False,
             "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": dtype}
 
-def save_hf(model, folder, max_len, dtype=torch.bfloat16):
+def save_hf(model: Llama, folder: str | Path, max_len: int, dtype: torch.dtype = torch.bfloat16) -> None:
     "Write config.json and model.safetensors (weights cast to dtype) in Hugging Face's layout."
     from safetensors.torch import save_file
-    folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(hf_config(model.args, max_len, str(dtype).removeprefix("torch.")), indent=2) + "\n")
+    config = hf_config(model.args, max_len, str(dtype).removeprefix("torch."))
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
-def rounded(model, dtype=torch.bfloat16):
+def rounded(model: Llama, dtype: torch.dtype = torch.bfloat16) -> Llama:
     "The model with its weights rounded to dtype and back (what a checkpoint stored in dtype loads as)."
     with torch.no_grad():
-        for p in model.parameters(): p.copy_(p.to(dtype).to(p.dtype))
+        for p in model.parameters():
+            p.copy_(p.to(dtype).to(p.dtype))
     return model
 
 # %% ../nbs/07b_train.ipynb #b0103b08
 @torch.no_grad()
-def greedy_acceptance(target, draft, prompts, new_tokens=32):
+def greedy_acceptance(target: Llama, draft: Llama, prompts: Sequence[Sequence[int]], new_tokens: int = 32) -> float:
     "Fraction of the target's greedy tokens that the draft's argmax matches, along the target's own greedy path."
     hits = total = 0
     for ids in prompts:
@@ -225,35 +248,40 @@ def greedy_acceptance(target, draft, prompts, new_tokens=32):
             logits = forward(target, torch.tensor([[path[-1]]]), c)[:, -1]
         seq = torch.tensor([ids + path])
         guess = causal_logits(draft, seq[:, :-1])[0, len(ids) - 1:].argmax(-1)
-        hits += int((guess == torch.tensor(path)).sum()); total += len(path)
+        hits += int((guess == torch.tensor(path)).sum())
+        total += len(path)
     return hits / total
 
 @torch.no_grad()
-def decode_step_seconds(model, context=256, steps=50, block=1):
-    "Median wall time of one forward of `block` new tokens (1: a decode step; kappa + 1: a verify) after context tokens, batch 1."
+def decode_step_seconds(model: Llama, context: int = 256, steps: int = 50, block: int = 1) -> float:
+    "Median time of a forward of `block` new tokens (1: decode; kappa + 1: verify) after `context` tokens, batch 1."
     c = KVCache(model.args, 1, context + block)
     forward(model, torch.zeros(1, context, dtype=torch.long), c)
     times, toks = [], torch.zeros(1, block, dtype=torch.long)
     for _ in range(steps):
-        t = time.perf_counter(); forward(model, toks, c); times.append(time.perf_counter() - t); c.rollback(0, block)
+        t = time.perf_counter()
+        forward(model, toks, c)
+        times.append(time.perf_counter() - t)
+        c.rollback(0, block)
     return sorted(times)[len(times) // 2]
 
 # %% ../nbs/07b_train.ipynb #db196fbf
-def tiny_pair_path(name="target"):
+def tiny_pair_path(name: str = "target") -> Path:
     "Folder of the shipped tiny pair's target or draft (a Hugging Face checkpoint folder inside the package)."
     import speclab
-    if name not in ("target", "draft"): raise ValueError(f"name must be 'target' or 'draft', got {name!r}")
+    if name not in ("target", "draft"):
+        raise ValueError(f"name must be 'target' or 'draft', got {name!r}")
     return Path(speclab.__file__).parent / "data" / "tiny-pair" / name
 
 HELDOUT_IDS = "heldout_ids.npy"  # next to the pair's folders: the held-out files' token stream, as uint16
 
-def cut_prompts(ids, n=24, prompt_len=48, seed=0) -> list:
+def cut_prompts(ids: Sequence[int] | torch.Tensor, n: int = 24, prompt_len: int = 48, seed: int = 0) -> list:
     "n prompts of prompt_len tokens cut from a token stream at seeded offsets."
     g = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, len(ids) - prompt_len, (n,), generator=g).tolist()
     return [ids[s:s + prompt_len].tolist() for s in starts]
 
-def heldout_prompts(tok, texts, n=24, prompt_len=48, seed=0) -> list:
+def heldout_prompts(tok: Any, texts: Sequence[str], n: int = 24, prompt_len: int = 48, seed: int = 0) -> list:
     "n prompts of prompt_len tokens cut from held-out files (texts, encoded with tok) at seeded offsets."
     return cut_prompts(encode_texts(tok, texts), n, prompt_len, seed)
 
@@ -261,14 +289,15 @@ def shipped_heldout_ids() -> torch.Tensor:
     "The held-out token stream shipped with the pair: the same on every machine and every Python version."
     return torch.from_numpy(np.load(tiny_pair_path().parent / HELDOUT_IDS).astype(np.int32))
 
-def eval_prompts(n=24, prompt_len=48, seed=0) -> list:
+def eval_prompts(n: int = 24, prompt_len: int = 48, seed: int = 0) -> list:
     "n held-out prompts of prompt_len tokens from the shipped evaluation set (what every chapter measures on)."
     return cut_prompts(shipped_heldout_ids(), n, prompt_len, seed)
 
 # %% ../nbs/07b_train.ipynb #272c07ef
-def main(argv=None):
-    "python -m speclab.train: corpus -> tokenizer -> target -> distilled draft -> Hugging Face folders + train_log.json."
-    p = argparse.ArgumentParser(prog="speclab train-toy", description="Train the tiny target/draft pair on the standard library's source.")
+def main(argv: Sequence[str] | None = None) -> dict:
+    "python -m speclab.train: corpus -> tokenizer -> target -> distilled draft -> HF folders + train_log.json."
+    p = argparse.ArgumentParser(prog="speclab train-toy",
+                                description="Train the tiny target/draft pair on the standard library's source.")
     p.add_argument("--out", default="tiny-pair", help="output folder (checkpoints make a rerun resume)")
     p.add_argument("--target-steps", type=int, default=1200)
     p.add_argument("--draft-steps", type=int, default=900)
@@ -279,8 +308,10 @@ def main(argv=None):
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
     for k in ("target_steps", "draft_steps", "seq_len", "batch_size"):
-        if getattr(a, k) < 1: p.error(f"--{k.replace('_', '-')} must be >= 1")
-    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
+        if getattr(a, k) < 1:
+            p.error(f"--{k.replace('_', '-')} must be >= 1")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(a.seed)
     split, digest = read_corpus()
     if (out / "tokenizer.json").is_file():
@@ -301,10 +332,12 @@ def main(argv=None):
     d_log = train(draft, data, out / "draft.ckpt", a.draft_steps, teacher=target, **kw)
     rounded(draft)
     for name, m in (("target", target), ("draft", draft)):
-        save_hf(m, out / name, a.seq_len); save_tokenizer(tok, out / name, a.seq_len)
+        save_hf(m, out / name, a.seq_len)
+        save_tokenizer(tok, out / name, a.seq_len)
     log = {"corpus_digest": digest, "python": sys.version.split()[0], "args": vars(a), "train_tokens": len(data),
            "heldout_tokens": len(heldout), "target": t_log, "draft": d_log,
-           "target_heldout_loss": eval_loss(target, heldout, a.seq_len), "draft_heldout_loss": eval_loss(draft, heldout, a.seq_len)}
+           "target_heldout_loss": eval_loss(target, heldout, a.seq_len),
+           "draft_heldout_loss": eval_loss(draft, heldout, a.seq_len)}
     (out / "train_log.json").write_text(json.dumps(log) + "\n")
     np.save(out / HELDOUT_IDS, heldout.numpy().astype(np.uint16))  # the evaluation set ships with the weights
     print(f"wrote {out / 'target'} and {out / 'draft'}", flush=True)
@@ -312,4 +345,5 @@ def main(argv=None):
 
 # %% ../nbs/07b_train.ipynb #555fedde
 #| eval: false
-if __name__ == "__main__": main()
+if __name__ == "__main__":
+    main()

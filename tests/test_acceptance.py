@@ -9,8 +9,9 @@ from scipy import optimize, stats
 
 from speclab.acceptance import (fit_alpha, iid_probs, iid_test, load_table, measured_crossing, metrics_from_hist,
                                 save_table, sweep)
-from speclab.engine import ModelDrafter, NgramDrafter, SpecMetrics, tiny_random_pair
+from speclab.engine import ModelDrafter, NgramDrafter, SpecMetrics
 from speclab.roofline import batch_speedup, crossing_batch
+from speclab.testing import tiny_random_pair
 
 
 def random_hist(rng, kappas=(1, 3, 5)) -> dict:

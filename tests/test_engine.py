@@ -44,9 +44,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from speclab.engine import ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder, sequence_law, tiny_random_pair
+from speclab.engine import ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder
 from speclab.model import generate as plain_generate
 from speclab.proof import LEVEL, chi_square_gof, detectable_tv
+from speclab.testing import sequence_law, tiny_random_pair
 
 V = 8                                                   # the exactness vocabulary: 8^3 = 512 three-token outcomes
 PROMPT = [1, 2, 3, 1, 2]                                # "1 2" recurs: the n-gram drafter proposes "3 1 2" at once

@@ -4,7 +4,8 @@ import json
 import pytest
 import torch
 
-from speclab.model import KVCache, forward, load_model, parity_error, tiny_hf_checkpoint
+from speclab.model import KVCache, forward, load_model
+from speclab.testing import parity_error, tiny_hf_checkpoint
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 8}

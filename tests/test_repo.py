@@ -1,8 +1,10 @@
 """Repository-level checks: the notebooks run, the exported package and the README match their sources,
 the two README commands are what CI runs, and the wheel installs and works without the dev tools.
 
-Set SPECLAB_NBDEV_FLAGS="slow cuda" to also run the notebooks' `#| slow` and `#| cuda` cells.
+The notebooks run with their `#| slow` cells (what a student skips with a plain `nbdev_test --path`); set
+SPECLAB_NBDEV_FLAGS="slow cuda" to add the `#| cuda` cells, or SPECLAB_NBDEV_FLAGS="" to skip the slow ones.
 """
+import ast
 import difflib
 import importlib.util
 import json
@@ -83,9 +85,11 @@ def test_notebooks_found():
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=str)
 def test_notebook_runs(nb):
-    "Every notebook executes under nbdev_test (cells flagged slow/cuda are skipped unless asked for)."
+    "Every notebook executes under nbdev_test, its `#| slow` cells included (`#| cuda` cells only when asked for)."
     cmd = [BIN / "nbdev_test", "--path", nb, "--do_print"]
-    if os.environ.get("SPECLAB_NBDEV_FLAGS"): cmd += ["--flags", os.environ["SPECLAB_NBDEV_FLAGS"]]
+    flags = os.environ.get("SPECLAB_NBDEV_FLAGS", "slow")
+    if flags.strip():
+        cmd += ["--flags", flags]
     r = run(cmd, cwd=ROOT, timeout=3600)
     assert r.returncode == 0, f"nbdev_test failed on {nb}\n{output(r)}"
 
@@ -199,3 +203,33 @@ def test_wheel_builds_and_installs_without_dev_tools(tmp_path, repo_files, setti
     assert r.returncode == 0 and settings["version"] in r.stdout, output(r)
     r = run([venv / "bin" / "speclab", "demo", "--max-tokens", "12"], cwd=cwd, env=env, timeout=600)  # the shipped pair, installed
     assert r.returncode == 0 and "greedy outputs identical to plain decoding: yes" in r.stdout, output(r)
+
+
+def _style_violations(path: Path) -> list[str]:
+    "Lines of an exported module over 120 characters, or holding more than one statement."
+    text = path.read_text()
+    bad = []
+    in_all = False
+    for i, line in enumerate(text.splitlines(), 1):
+        in_all = line.startswith("__all__ = [") or (in_all and line.startswith(" "))
+        if len(line) > 120 and not in_all:  # nbdev wraps __all__ at 120 and then prefixes it: not ours to fix
+            bad.append(f"{path.name}:{i}: {len(line)} characters")
+    seen, headers = {}, set()
+    for node in ast.walk(ast.parse(text)):  # parents come before their children
+        if not isinstance(node, ast.stmt):
+            continue
+        for body in (getattr(node, "body", None), getattr(node, "orelse", None)):
+            if isinstance(body, list) and body and body[0].lineno == node.lineno:
+                bad.append(f"{path.name}:{node.lineno}: a body on its header's line")
+                headers.add(node.lineno)
+        if node.lineno in seen and node.lineno not in headers:
+            bad.append(f"{path.name}:{node.lineno}: two statements on one line")
+        seen.setdefault(node.lineno, node)
+    return sorted(set(bad))
+
+
+@pytest.mark.parametrize("module", sorted(p.name for p in (ROOT / "speclab").glob("*.py") if p.name != "_modidx.py"))
+def test_exported_code_style(module):
+    "One statement a line, lines under 120 characters, in every module the notebooks export."
+    bad = _style_violations(ROOT / "speclab" / module)
+    assert not bad, "\n".join(bad[:40]) + (f"\n... and {len(bad) - 40} more" if len(bad) > 40 else "")
