@@ -14,9 +14,11 @@ import json
 import math
 import re
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,7 +26,7 @@ from scipy import optimize, stats
 from tqdm.auto import tqdm
 
 from .engine import ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder, SpecMetrics, conditional_rates
-from .model import KVCache, forward, load_model, load_tokenizer
+from .model import KVCache, Llama, forward, load_model, load_tokenizer
 from .proof import chi_square_gof, expected_tokens, simulate_num_accepted
 from .roofline import crossing_batch
 from .train import eval_prompts, tiny_pair_path
@@ -719,7 +721,7 @@ def prometheus_text(m: SpecMetrics, model_name: str = "speclab", engine: str = "
     return "\n".join(lines) + "\n"
 
 # %% ../nbs/09_acceptance.ipynb #967337d9
-def step_seconds(model, batch: int, block: int = 1, context: int = 64, repeats: int = 5) -> float:
+def step_seconds(model: Llama, batch: int, block: int = 1, context: int = 64, repeats: int = 5) -> float:
     "Fastest of `repeats` forwards of `block` new tokens for each of `batch` sequences holding `context` cached tokens."
     cache = KVCache(model.args, batch, context + block, model.head_weight.dtype, model.head_weight.device)
     rows = list(range(batch))
@@ -742,11 +744,11 @@ class RooflineFit:
     t_flat: float       # seconds of a step below the ridge
     t_star: float       # the ridge, in token positions
 
-    def predict(self, positions) -> np.ndarray:
+    def predict(self, positions: Sequence[float] | np.ndarray) -> np.ndarray:
         "The fitted step time (seconds) at each number of positions."
         return self.t_flat * np.maximum(1.0, np.asarray(positions, np.float64) / self.t_star)
 
-def fit_ridge(positions, seconds) -> tuple:
+def fit_ridge(positions: Sequence[float], seconds: Sequence[float]) -> tuple[float, float]:
     "Least squares in log time of t_flat * max(1, T / t_star), t_star on a fine grid: (t_flat, t_star)."
     T = np.asarray(positions, np.float64)
     log_t = np.log(np.asarray(seconds, np.float64))
@@ -761,7 +763,7 @@ def fit_ridge(positions, seconds) -> tuple:
             best = (loss, math.exp(log_flat), float(t_star))
     return best[1], best[2]
 
-def measure_roofline(model, positions=(1, 2, 4, 8, 16, 32, 64, 128, 256), context: int = 64,
+def measure_roofline(model: Llama, positions: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256), context: int = 64,
                      repeats: int = 5) -> RooflineFit:
     "Time a decode step at each number of positions (one per sequence) and fit where it turns from flat to linear."
     seconds = [step_seconds(model, int(T), 1, context, repeats) for T in positions]
@@ -769,7 +771,7 @@ def measure_roofline(model, positions=(1, 2, 4, 8, 16, 32, 64, 128, 256), contex
     return RooflineFit([int(T) for T in positions], seconds, t_flat, t_star)
 
 # %% ../nbs/09_acceptance.ipynb #bbfcec01
-def measured_crossing(batch_sizes, speedups) -> float:
+def measured_crossing(batch_sizes: Sequence[float], speedups: Sequence[float]) -> float:
     "Batch where a measured speedup falls to 1, interpolated in log2(batch): 0 if never above 1, inf if never below."
     b = np.asarray(batch_sizes, np.float64)
     s = np.asarray(speedups, np.float64)
@@ -797,8 +799,9 @@ def _timed(engine, prompts, params) -> tuple:
         raise RuntimeError(f"a request failed during the sweep: {failed[0]}")
     return seconds, sum(len(o.token_ids) for o in outputs), outputs
 
-def measure_point(target, drafter, prompts: list, batch: int, params: SamplingParams, kappa: int, tokenizer=None,
-                  synthetic_rates=None, repeats: int = 2, seed: int = 0) -> dict:
+def measure_point(target: Llama, drafter: ModelDrafter | NgramDrafter, prompts: list, batch: int,
+                  params: SamplingParams, kappa: int, tokenizer: Any = None,
+                  synthetic_rates: Sequence[float] | None = None, repeats: int = 2, seed: int = 0) -> dict:
     "All `prompts`, `batch` at a time, plain and speculative, interleaved `repeats` times; the fastest pass of each."
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
@@ -823,8 +826,10 @@ def measure_point(target, drafter, prompts: list, batch: int, params: SamplingPa
                 sample=sample)
 
 # %% ../nbs/09_acceptance.ipynb #d37b1c15
-def sweep(target, drafters: dict, prompts: list, batch_sizes, kappas=(3,), temperatures=(0.0,), output_lens=(32,),
-          tokenizer=None, synthetic_rates=None, repeats: int = 2, seed: int = 0, progress: bool = True) -> list:
+def sweep(target: Llama, drafters: dict, prompts: list, batch_sizes: Sequence[int], kappas: Sequence[int] = (3,),
+          temperatures: Sequence[float] = (0.0,), output_lens: Sequence[int] = (32,), tokenizer: Any = None,
+          synthetic_rates: Sequence[float] | None = None, repeats: int = 2, seed: int = 0,
+          progress: bool = True) -> list:
     "One `measure_point` per (drafter, kappa, temperature, output length, batch): a tidy table, one dict per point."
     if not isinstance(drafters, dict) or not drafters:
         raise TypeError("drafters must be a non-empty dict {name: drafter}")
@@ -845,7 +850,7 @@ def sweep(target, drafters: dict, prompts: list, batch_sizes, kappas=(3,), tempe
     return rows
 
 # %% ../nbs/09_acceptance.ipynb #b65b5cae
-def tiny_pair_drafters(draft, method: str = "draft_model", ngram: int = 3) -> dict:
+def tiny_pair_drafters(draft: Llama, method: str = "draft_model", ngram: int = 3) -> dict:
     "{method: drafter} for a sweep: the draft model or n-gram prompt lookup (vLLM's --method names)."
     if method == "draft_model":
         return {method: ModelDrafter(draft)}
@@ -854,7 +859,7 @@ def tiny_pair_drafters(draft, method: str = "draft_model", ngram: int = 3) -> di
     raise ValueError(f"method must be 'draft_model' or 'ngram', got {method!r}")
 
 @contextmanager
-def torch_threads(n: int | None):
+def torch_threads(n: int | None) -> Iterator[None]:
     "Run the block with `n` torch threads (None: leave torch's setting), then restore the previous count."
     before = torch.get_num_threads()
     if n is not None:
@@ -864,7 +869,7 @@ def torch_threads(n: int | None):
     finally:
         torch.set_num_threads(before)
 
-def sweep_tiny_pair(batch_sizes=(1, 2, 4, 8, 16, 32), kappa: int = 3, method: str = "draft_model",
+def sweep_tiny_pair(batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), kappa: int = 3, method: str = "draft_model",
                     temperature: float = 0.0, output_len: int = 32, num_prompts: int = 16, synthetic: bool = False,
                     repeats: int = 2, seed: int = 0, threads: int | None = 1, progress: bool = True) -> list:
     "Lab 08's sweep on the shipped tiny pair: speculative vs plain at each batch size (synthetic: rates held fixed)."
@@ -888,7 +893,7 @@ def _flat_row(row: dict, width: int) -> dict:
     flat["metrics"] = json.dumps(asdict(row["metrics"]))
     return flat
 
-def save_table(rows: list, path) -> Path:
+def save_table(rows: list, path: str | Path) -> Path:
     "Write sweep rows to `path`: .csv (flat, one column per rate) or .json (nested); returns the path."
     path = Path(path)
     if path.suffix not in (".csv", ".json"):
@@ -908,7 +913,7 @@ def _metrics(d: dict) -> SpecMetrics:
     "A SpecMetrics from its saved dict (JSON turns the hist's int keys into strings)."
     return SpecMetrics(**{**d, "hist": {int(k): v for k, v in d["hist"].items()}})
 
-def load_table(path) -> list:
+def load_table(path: str | Path) -> list:
     "Read rows written by `save_table` (CSV values come back as numbers where they were numbers)."
     path = Path(path)
     if path.suffix == ".json":
