@@ -25,10 +25,9 @@ import torch
 from scipy import optimize, stats
 from tqdm.auto import tqdm
 
-from .engine import ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder, SpecMetrics, conditional_rates
+from .engine import ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder, SpecMetrics
 from .model import KVCache, Llama, forward, load_model, load_tokenizer
-from .proof import chi_square_gof, expected_tokens, simulate_num_accepted
-from .roofline import crossing_batch
+from .proof import chi_square_gof
 from .train import eval_prompts, tiny_pair_path
 
 # %% ../nbs/09_acceptance.ipynb #fbf3e324

@@ -13,7 +13,6 @@ import ast
 import csv
 import doctest
 import json
-import math
 import os
 import random
 import resource
