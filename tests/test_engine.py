@@ -31,8 +31,9 @@ Triton interpreter. Measured on an idle 2-core CPU (2026-11-30):
   law at the other temperature (TV 0.20); both TVs are asserted above the detectable TV, so a pass of the grid is not
   the pass of a powerless test.
 
-The other tests are deterministic: greedy = plain greedy decoding, a seeded request ignores its batch, max_tokens and
-stop tokens are exact, bad requests fail alone, bad arguments raise naming the argument. The synthetic (timing) mode
+The other tests are deterministic: greedy = plain greedy decoding, a seeded request ignores its batch, every seed
+SamplingParams accepts decodes, max_tokens and stop tokens are exact, the metrics equal counts worked out by hand for
+a scripted drafter, bad requests fail alone, bad arguments raise naming the argument. The synthetic (timing) mode
 is checked against its target acceptance rates with a binomial tolerance.
 """
 import os
@@ -44,7 +45,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from speclab.engine import ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder
+from speclab.engine import DRAFT_SALT, ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder
 from speclab.model import generate as plain_generate
 from speclab.proof import LEVEL, chi_square_gof, detectable_tv
 from speclab.testing import sequence_law, tiny_random_pair
@@ -310,21 +311,77 @@ def test_kappa_zero_request_in_a_speculating_batch():
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_metrics_are_consistent(drafter):
-    """SpecMetrics after a sampled batch (kappa 4): accepted <= drafted, per-position counts sum to the totals, rates
-    lie in [0, 1], the mean acceptance length is 1 + accepted / drafts, and log_line has vLLM's format and numbers."""
+    """SpecMetrics after a sampled batch (kappa 4) agree with the outputs: every step of a request emits its accepted
+    drafts plus one token, so the tokens emitted minus the steps taken is the number of accepted drafts; per-position
+    counts sum to the totals, rates lie in [0, 1], and log_line has vLLM's format with these counters in it."""
     eng = SpecDecoder(pair()[0], make_drafter(drafter), kappa=4, seed=engine_seed("metrics", drafter))
-    eng.generate([PROMPT, [1], [2, 5, 2, 5]] * 20, SamplingParams(temperature=0.8, max_tokens=16))
+    outs = eng.generate([PROMPT, [1], [2, 5, 2, 5]] * 20, SamplingParams(temperature=0.8, max_tokens=16))
     m = eng.metrics
-    assert 0 < m.num_accepted_tokens <= m.num_draft_tokens and m.num_drafts > 0
+    assert 0 < m.num_accepted_tokens < m.num_draft_tokens and m.num_drafts > 0
+    assert sum(len(o.token_ids) - o.num_steps for o in outs) == m.num_accepted_tokens
     assert sum(m.drafted_per_pos) == m.num_draft_tokens and sum(m.accepted_per_pos) == m.num_accepted_tokens
     assert 1 <= len(m.per_position) <= 4 and all(0 <= r <= 1 for r in m.per_position)
-    assert m.mean_acceptance_length == pytest.approx(1 + m.num_accepted_tokens / m.num_drafts)
     line = m.log_line()
     assert LOG_LINE.fullmatch(line), line
     assert f"Accepted: {m.num_accepted_tokens} tokens, Drafted: {m.num_draft_tokens} tokens" in line
-    assert f"Mean acceptance length: {m.mean_acceptance_length:.2f}" in line
-    assert line.endswith(f"Avg Draft acceptance rate: {100 * m.num_accepted_tokens / m.num_draft_tokens:.1f}%")
     assert eng.stats["steps"] > 0
+
+
+class ScriptedDrafter:
+    """Drafts the target's greedy continuation of PROMPT (known in advance) with draft number `wrong_at` (0-based)
+    replaced by another token: under greedy verification every step accepts exactly min(wrong_at, kappa) drafts."""
+    uses_probs = False
+
+    def __init__(self, ref, wrong_at):
+        self.ref, self.wrong_at = ref, wrong_at
+
+    def start(self, batch_size, max_len):
+        pass
+
+    def propose(self, contexts, kappas, params, generators):
+        drafts = []
+        for c, k in zip(contexts, kappas):
+            d = list(self.ref[len(c) - len(PROMPT):][:k])
+            if self.wrong_at is not None and self.wrong_at < k:
+                d[self.wrong_at] = (d[self.wrong_at] + 1) % V
+            drafts.append(d)
+        return drafts, None
+
+    def commit(self, rows, old_lens, num_accepted, kappas):
+        pass
+
+    def release(self, rows):
+        pass
+
+
+# kappa 4, max_tokens 15, 3 requests; each step drafts min(4, 14 - tokens so far), none once 14 are out. Worked by hand:
+#   never wrong: 3 steps of 4 drafts, all accepted, 5 tokens each (0 -> 5 -> 10 -> 15).
+#   wrong at 0:  nothing accepted, 1 token per step: 11 drafts of 4, then 3, 2, 1 (50 drafted in 14 drafts).
+#   wrong at 1:  1 accepted, 2 tokens per step: 6 drafts of 4, then one of 2 at 12 tokens (26 drafted in 7 drafts).
+SCRIPTED = [(None, 3 * 3, 3 * 12, 3 * 12, [1.0] * 4, {4: [0, 0, 0, 0, 3 * 3]}, "5.00", "100.0%"),
+            (0, 3 * 14, 3 * 50, 0, [0.0] * 4, {4: [3 * 11, 0, 0, 0, 0], 3: [3, 0, 0, 0], 2: [3, 0, 0], 1: [3, 0]},
+             "1.00", "0.0%"),
+            (1, 3 * 7, 3 * 26, 3 * 7, [1.0, 0.0, 0.0, 0.0], {4: [0, 3 * 6, 0, 0, 0], 2: [0, 3, 0]}, "2.00", "26.9%")]
+
+
+@pytest.mark.parametrize("wrong_at,drafts,drafted,accepted,per_pos,hist,mean_len,rate", SCRIPTED,
+                         ids=["all-accepted", "none-accepted", "one-accepted"])
+def test_metrics_known_values(wrong_at, drafts, drafted, accepted, per_pos, hist, mean_len, rate):
+    """The metrics of runs whose every acceptance is known in advance (a scripted drafter under greedy verification),
+    against counts worked out by hand above: drafts, drafted and accepted tokens, per-position rates, the histogram,
+    and the mean acceptance length and acceptance rate as log_line prints them. The tokens are plain greedy decoding."""
+    target = pair()[0]
+    ref = plain_generate(target, None, PROMPT, 15, temperature=0)
+    eng = SpecDecoder(target, ScriptedDrafter(ref, wrong_at), kappa=4)
+    outs = eng.generate([PROMPT] * 3, SamplingParams(temperature=0, max_tokens=15))
+    assert all(o.token_ids == ref for o in outs)
+    m = eng.metrics
+    assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens) == (drafts, drafted, accepted)
+    assert m.per_position == per_pos and m.hist == hist
+    per_pos_text = ", ".join(f"{r:.3f}" for r in per_pos)
+    assert m.log_line() == (f"SpecDecoding metrics: Mean acceptance length: {mean_len}, Accepted: {accepted} tokens, "
+                            f"Drafted: {drafted} tokens, Per-position acceptance rate: {per_pos_text}, "
+                            f"Avg Draft acceptance rate: {rate}")
 
 
 # --- bad input --------------------------------------------------------------------------------------------------------
@@ -398,19 +455,31 @@ def test_bad_request_fails_alone(drafter):
     assert all(o.finish_reason == "error" for o in run(BAD_REQUESTS))
 
 
-@pytest.mark.parametrize("seed", [2 ** 64 - 1, 2 ** 64, -2 ** 63 - 1])
-def test_out_of_range_seed_fails_alone(seed):
-    """A seed torch cannot take is rejected by SamplingParams (a ValueError naming 'seed'), or fails its request alone
-    (or works): it never takes the batch down with it. (Regression: the draft generator was seeded with
-    seed + 0x9E3779B97F4A7C15 % 2**62, so seed 2**64 - 1, 2**64 or -2**63 - 1 made generate() raise 'Overflow when
-    unpacking long long' for the whole batch.)"""
-    try: sp = SamplingParams(temperature=1.0, seed=seed, max_tokens=4)
-    except ValueError as e:
-        assert "seed" in str(e); return
-    good = SamplingParams(temperature=0, max_tokens=4)
-    outs = SpecDecoder(pair()[0], make_drafter("model"), kappa=3).generate([[1, 2], [3, 4]], [sp, good])
-    assert outs[1].token_ids == plain_generate(pair()[0], None, [3, 4], 4, temperature=0)
-    assert outs[0].finish_reason == "length" or (outs[0].finish_reason == "error" and "seed" in outs[0].error)
+@pytest.mark.parametrize("seed", [-1, 2 ** 63, 2 ** 64 - 1, 2 ** 64, -2 ** 63 - 1])
+def test_out_of_range_seed_is_refused(seed):
+    "A seed outside [0, 2**63) is refused where it is written: SamplingParams raises a ValueError naming 'seed'."
+    with pytest.raises(ValueError, match="seed"):
+        SamplingParams(temperature=1.0, seed=seed, max_tokens=4)
+
+
+@pytest.mark.parametrize("seed", [0, 2 ** 62, 2 ** 63 - DRAFT_SALT % 2 ** 63, 2 ** 63 - 1])
+def test_every_allowed_seed_decodes(seed):
+    """Every seed SamplingParams accepts decodes, in a batch with an unseeded greedy neighbour, and reproducibly in
+    another batch and engine. The draft generator is seeded with (seed + DRAFT_SALT) mod 2**63: at seed 2**63 - 1
+    the sum passes 2**64, where torch's manual_seed overflows, and at 2**63 - DRAFT_SALT mod 2**63 it wraps to 0.
+    (Regression: without the reduction, seeds near the top of the range made generate() raise 'Overflow when
+    unpacking long' for the whole batch. The test used to try only seeds SamplingParams refuses, so its engine half
+    never ran.) The model drafter samples at temperature 1, so the draft generator is really drawn from."""
+    sp = SamplingParams(temperature=1.0, seed=seed, max_tokens=6)
+    good = SamplingParams(temperature=0, max_tokens=6)
+    target = pair()[0]
+    outs = SpecDecoder(target, make_drafter("model"), kappa=3, seed=1).generate([[1, 2], [3, 4]], [sp, good])
+    assert outs[1].token_ids == plain_generate(target, None, [3, 4], 6, temperature=0)
+    assert outs[0].finish_reason == "length" and len(outs[0].token_ids) == 6, outs[0]
+    eng = SpecDecoder(target, make_drafter("model"), kappa=3, seed=2)
+    again = eng.generate([[5], [1, 2]], [SamplingParams(temperature=1.0, max_tokens=9), sp])
+    assert again[1].token_ids == outs[0].token_ids
+    assert eng.metrics.num_draft_tokens > 0
 
 
 # --- synthetic acceptance (timing mode, not exact) --------------------------------------------------------------------
