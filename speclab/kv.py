@@ -11,6 +11,7 @@ __all__ = ['FREED', 'POLICIES', 'Request', 'Step', 'BlockManager', 'PagedKV', 't
 import copy
 import math
 import random
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -88,11 +89,11 @@ class BlockManager:
             raise ValueError(f"unknown request id {req_id!r}")
         return self.requests[req_id]
 
-    def block_table(self, req_id) -> list[int]:
+    def block_table(self, req_id: Hashable) -> list[int]:
         "A copy of the block table of request `req_id`."
         return list(self._get(req_id).block_ids)
 
-    def slot(self, req_id, position: int) -> int:
+    def slot(self, req_id: Hashable, position: int) -> int:
         "The flat slot holding `position` of request `req_id`."
         b = self._get(req_id).block_ids[position // self.block_size]
         return b * self.block_size + position % self.block_size
@@ -143,7 +144,7 @@ class BlockManager:
         r.num_cached_blocks = max(r.num_cached_blocks, num_tokens_to_cache // b)
 
     # -- a request's life: add, schedule (optimism), commit (rollback), finish, preempt --
-    def add_request(self, req_id, prompt_tokens) -> int:
+    def add_request(self, req_id: Hashable, prompt_tokens: Sequence[int]) -> int:
         "Register a request; reuse the cached full blocks of its prompt. Returns the number of prompt tokens reused."
         if req_id in self.requests:
             raise ValueError(f"request id {req_id!r} already exists")
@@ -155,7 +156,7 @@ class BlockManager:
         r.num_cached_blocks = len(hits)
         return r.num_computed_tokens
 
-    def schedule(self, req_id, draft_tokens=()) -> Step:
+    def schedule(self, req_id: Hashable, draft_tokens: Sequence[int] = ()) -> Step:
         "Allocate slots for the uncomputed finalized tokens plus `draft_tokens`; count them all as computed."
         r = self._get(req_id)
         if r.spec_tokens is not None:
@@ -192,7 +193,7 @@ class BlockManager:
                 self._release(b)
                 r.block_ids[i] = FREED
 
-    def commit(self, req_id, num_accepted: int, emitted_tokens) -> int:
+    def commit(self, req_id: Hashable, num_accepted: int, emitted_tokens: Sequence[int]) -> int:
         "Finish the step in flight: roll back the rejected drafts, append the emitted tokens (n accepted + 1)."
         r = self._get(req_id)
         if r.spec_tokens is None:
@@ -225,12 +226,12 @@ class BlockManager:
         for b in reversed(r.block_ids):
             self._release(b)
 
-    def finish(self, req_id) -> None:
+    def finish(self, req_id: Hashable) -> None:
         "Drop a finished (or aborted) request and release its blocks."
         self._release_all(self._get(req_id))
         del self.requests[req_id]
 
-    def preempt(self, req_id) -> None:
+    def preempt(self, req_id: Hashable) -> None:
         "Release every block of a request and reset it to recompute from scratch; its finalized tokens are kept."
         r = self._get(req_id)
         self._release_all(r)
@@ -241,7 +242,7 @@ class BlockManager:
         return copy.deepcopy((self.free_list, self.ref_cnt, self.cached, self.block_key, self.requests))
 
     # -- tree drafts ("Tree drafts: compacting the accepted path" below) --
-    def tree_path_moves(self, req_id, path) -> tuple[list[int], list[int]]:
+    def tree_path_moves(self, req_id: Hashable, path: Sequence[int]) -> tuple[list[int], list[int]]:
         "Slots to move the accepted tree nodes `path` (indices into the step's drafts) to the contiguous tail."
         r = self._get(req_id)
         if r.spec_tokens is None:
@@ -260,7 +261,7 @@ class BlockManager:
 class PagedKV:
     "One layer's paged K and V: [num_blocks, block_size, num_kv_heads, head_dim], slot = block * block_size + offset."
     def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int = 2, head_dim: int = 8,
-                 dtype: torch.dtype = torch.float64, device=None):
+                 dtype: torch.dtype = torch.float64, device: torch.device | str | None = None):
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -270,13 +271,13 @@ class PagedKV:
     def bytes_per_token(self) -> int:
         return 2 * self.k[0, 0].numel() * self.k.element_size()  # K and V
 
-    def write(self, slot_mapping, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write(self, slot_mapping: Sequence[int] | torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         "Store K/V rows [n, heads, head_dim] at the given slots."
         idx = torch.as_tensor(slot_mapping, dtype=torch.int64, device=self.k.device)
         self.k.view(-1, *self.k.shape[2:])[idx] = k
         self.v.view(-1, *self.v.shape[2:])[idx] = v
 
-    def read(self, block_table, positions) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(self, block_table: Sequence[int], positions: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         "K/V rows of `positions` through `block_table`; a position whose block was freed is an error."
         slots = []
         for p in positions:
@@ -289,7 +290,7 @@ class PagedKV:
         idx = torch.as_tensor(slots, dtype=torch.int64, device=self.k.device)
         return self.k.view(-1, *self.k.shape[2:])[idx], self.v.view(-1, *self.v.shape[2:])[idx]
 
-def toy_kv(tokens, positions, num_kv_heads: int = 2, head_dim: int = 8,
+def toy_kv(tokens: Sequence[int], positions: Sequence[int], num_kv_heads: int = 2, head_dim: int = 8,
            dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     "A fixed, distinct K and V row [heads, head_dim] for each (token, position): a stand-in for a layer's projections."
     t = torch.as_tensor(list(tokens), dtype=dtype)[:, None, None]
@@ -303,23 +304,25 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return torch.einsum("hn,nhd->hd", scores.softmax(-1), v)
 
 # %% ../nbs/06_kv.ipynb #807fffc3
-def window(manager: BlockManager, req_id, length: int | None = None) -> list[int]:
+def window(manager: BlockManager, req_id: Hashable, length: int | None = None) -> list[int]:
     "Positions a query at position `length` (default: num_computed_tokens) attends to, excluding itself."
     r = manager._get(req_id)
     n = r.num_computed_tokens if length is None else length
     lo = 0 if manager.sliding_window is None else max(0, n - manager.sliding_window + 1)
     return list(range(lo, n))
 
-def committed_attention(manager: BlockManager, kv: PagedKV, req_id, q: torch.Tensor,
+def committed_attention(manager: BlockManager, kv: PagedKV, req_id: Hashable, q: torch.Tensor,
                         length: int | None = None) -> torch.Tensor:
     "Attention of `q` over the cached positions the request's next query reads."
     return attention(q, *kv.read(manager.block_table(req_id), window(manager, req_id, length)))
 
-def scratch_attention(tokens, q: torch.Tensor, lo: int = 0, num_kv_heads: int = 2, head_dim: int = 8) -> torch.Tensor:
+def scratch_attention(tokens: Sequence[int], q: torch.Tensor, lo: int = 0, num_kv_heads: int = 2,
+                      head_dim: int = 8) -> torch.Tensor:
     "The same attention computed from scratch: K/V of `tokens` (positions lo, lo+1, ...) with no cache at all."
     return attention(q, *toy_kv(tokens, range(lo, lo + len(tokens)), num_kv_heads, head_dim))
 
-def toy_step(manager: BlockManager, kv: PagedKV, req_id, draft_tokens, num_accepted: int, next_token: int) -> Step:
+def toy_step(manager: BlockManager, kv: PagedKV, req_id: Hashable, draft_tokens: Sequence[int], num_accepted: int,
+             next_token: int) -> Step:
     "Schedule, write K/V for every scheduled position (drafts included), commit n accepted drafts + `next_token`."
     s = manager.schedule(req_id, draft_tokens)
     kv.write(s.slot_mapping, *toy_kv(s.token_ids, s.positions, *kv.k.shape[2:], dtype=kv.k.dtype))
@@ -330,7 +333,8 @@ def toy_step(manager: BlockManager, kv: PagedKV, req_id, draft_tokens, num_accep
 def _same_kv(got: tuple, want: tuple) -> bool:
     return torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
-def check_invariants(manager: BlockManager, kv: PagedKV | None = None, finalized=()) -> list[str]:
+def check_invariants(manager: BlockManager, kv: PagedKV | None = None,
+                     finalized: Sequence[Sequence[int]] = ()) -> list[str]:
     "Violations of the cache invariants (empty list: all hold). `finalized`: every sequence's finalized tokens so far."
     m, bad = manager, []
     if m.free_blocks + m.used_blocks != m.num_blocks or len(set(m.free_list)) != len(m.free_list):
@@ -441,7 +445,7 @@ def _play(policy, ops, num_blocks=12, block_size=4, sliding_window=None) -> tupl
             return n, bad
     return len(ops), []
 
-def replay(policy, ops: list[tuple], num_blocks: int = 12, block_size: int = 4,
+def replay(policy: str | Callable[..., BlockManager], ops: list[tuple], num_blocks: int = 12, block_size: int = 4,
            sliding_window: int | None = None) -> list[str]:
     """Play `ops` on a fresh manager and toy cache; the violations after the first operation that breaks an invariant.
     `policy`: a name in `POLICIES`, or a factory such as a `BlockManager` subclass, called as
@@ -449,11 +453,12 @@ def replay(policy, ops: list[tuple], num_blocks: int = 12, block_size: int = 4,
     n, bad = _play(policy, ops, num_blocks, block_size, sliding_window)
     return [f"after op {n} {ops[n][:2]}: {e}" for e in bad]
 
-def fuzz_invariants(policy, steps: int = 40, seed: int = 0, **kwargs) -> list[str]:
+def fuzz_invariants(policy: str | Callable[..., BlockManager], steps: int = 40, seed: int = 0,
+                    **kwargs: int | None) -> list[str]:
     "Violations found by a random workload of `steps` operations (empty: none). `kwargs` go to `replay`."
     return replay(policy, random_ops(steps, seed), **kwargs)
 
-def shrink_ops(policy, ops: list[tuple], **kwargs) -> list[tuple]:
+def shrink_ops(policy: str | Callable[..., BlockManager], ops: list[tuple], **kwargs: int | None) -> list[tuple]:
     "A shorter failing trace: cut after the first failure, then drop operations one at a time while it still fails."
     n, bad = _play(policy, ops, **kwargs)
     if not bad:
@@ -468,7 +473,7 @@ def shrink_ops(policy, ops: list[tuple], **kwargs) -> list[tuple]:
     return ops
 
 # %% ../nbs/06_kv.ipynb #ad8a76b1
-def compact_tree_path(kv: PagedKV, src_slots, dst_slots) -> int:
+def compact_tree_path(kv: PagedKV, src_slots: Sequence[int], dst_slots: Sequence[int]) -> int:
     "Move K/V rows from `src_slots` to `dst_slots` (one layer); returns the bytes moved (read + write, K and V)."
     if len(src_slots) != len(dst_slots):
         raise ValueError(f"src_slots and dst_slots must have equal length, got {len(src_slots)} and {len(dst_slots)}")

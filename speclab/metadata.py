@@ -7,6 +7,7 @@ __all__ = ['INDEX_DTYPE', 'check_drafts', 'sampled_logits_indices', 'target_bonu
            'draft_tokens_from_inputs', 'expand_batch_to_tokens']
 
 # %% ../nbs/05_metadata.ipynb #fa9121c9
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
@@ -20,7 +21,8 @@ INDEX_DTYPE = torch.int64  # the dtype of every index tensor SpecDecodeMetadata 
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
-def check_drafts(draft_token_ids, cu_num_scheduled_tokens=None) -> tuple[list[int], list[int]]:
+def check_drafts(draft_token_ids: Sequence[Sequence[int]],
+                 cu_num_scheduled_tokens: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
     "Validate `from_drafts`' arguments; return num_draft_tokens and cu_num_scheduled_tokens as lists of ints."
     if not isinstance(draft_token_ids, (list, tuple)) or len(draft_token_ids) == 0:
         raise ValueError("draft_token_ids must be a non-empty list with one list of token ids per request, "
@@ -47,14 +49,14 @@ def check_drafts(draft_token_ids, cu_num_scheduled_tokens=None) -> tuple[list[in
     return n, list(cu)
 
 # %% ../nbs/05_metadata.ipynb #de9786d5
-def sampled_logits_indices(num_draft_tokens, cu_num_scheduled_tokens) -> torch.Tensor:
+def sampled_logits_indices(num_draft_tokens: Sequence[int], cu_num_scheduled_tokens: Sequence[int]) -> torch.Tensor:
     "Flat-batch positions whose logits are sampled, [N + B]: the last n_b + 1 scheduled positions of each request."
     num_sampled = torch.as_tensor(num_draft_tokens, dtype=INDEX_DTYPE) + 1
     shift = torch.as_tensor(cu_num_scheduled_tokens, dtype=INDEX_DTYPE) - torch.cumsum(num_sampled, 0)
     return torch.arange(int(num_sampled.sum())) + torch.repeat_interleave(shift, num_sampled)
 
 # %% ../nbs/05_metadata.ipynb #cd1e9163
-def target_bonus_indices(num_draft_tokens) -> tuple[torch.Tensor, torch.Tensor]:
+def target_bonus_indices(num_draft_tokens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     "Rows of the [N + B] sampled logits that verify a draft ([N]) and that draw each request's bonus ([B])."
     n = torch.as_tensor(num_draft_tokens, dtype=INDEX_DTYPE)
     target = torch.arange(int(n.sum())) + torch.repeat_interleave(torch.arange(len(n)), n)
@@ -77,7 +79,8 @@ class SpecDecodeMetadata:
         self.max_spec_len = max(self.num_draft_tokens, default=0)
 
     @classmethod
-    def from_drafts(cls, draft_token_ids, cu_num_scheduled_tokens=None, device=None) -> "SpecDecodeMetadata":
+    def from_drafts(cls, draft_token_ids: Sequence[Sequence[int]], cu_num_scheduled_tokens: Sequence[int] | None = None,
+                    device: torch.device | str | None = None) -> "SpecDecodeMetadata":
         "Build from each request's drafts and, optionally, the prefix sum of its scheduled tokens (default 1 + n_b)."
         n, cu_sched = check_drafts(draft_token_ids, cu_num_scheduled_tokens)
         target, bonus = target_bonus_indices(n)
@@ -100,8 +103,8 @@ def draft_tokens_from_inputs(input_ids: torch.Tensor, metadata: SpecDecodeMetada
     return sampled[metadata.target_logits_indices.to(input_ids.device) + 1]
 
 # %% ../nbs/05_metadata.ipynb #446a12da
-def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens, num_tokens: int, replace_from=None,
-                           replace_to=None) -> torch.Tensor:
+def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: Sequence[int] | torch.Tensor, num_tokens: int,
+                           replace_from: float | None = None, replace_to: float | None = None) -> torch.Tensor:
     "Repeat per-request x [B] once per token of its request -> [num_tokens]; optionally map replace_from to replace_to."
     if not isinstance(x, torch.Tensor) or x.dim() != 1:
         raise ValueError(f"x must be a 1-D tensor [batch_size], got {type(x).__name__}")
