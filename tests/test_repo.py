@@ -233,3 +233,39 @@ def test_exported_code_style(module):
     "One statement a line, lines under 120 characters, in every module the notebooks export."
     bad = _style_violations(ROOT / "speclab" / module)
     assert not bad, "\n".join(bad[:40]) + (f"\n... and {len(bad) - 40} more" if len(bad) > 40 else "")
+
+
+def _untyped(path: Path) -> list[str]:
+    "Public functions of a module (its __all__) and public methods of its public classes that lack type hints."
+    tree = ast.parse(path.read_text())
+    public = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "__all__":
+            public = {e.value for e in node.value.elts}
+    bad = []
+
+    def check(fn, owner=""):
+        if fn.name.startswith("_") and fn.name != "__init__":
+            return
+        args = [a for a in fn.args.posonlyargs + fn.args.args + fn.args.kwonlyargs if a.arg not in ("self", "cls")]
+        missing = [a.arg for a in args if a.annotation is None]
+        if fn.returns is None and fn.name != "__init__":
+            missing.append("return")
+        if missing:
+            bad.append(f"{path.name}: {owner}{fn.name} lacks hints for {', '.join(missing)}")
+
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in public:
+            check(node)
+        if isinstance(node, ast.ClassDef) and node.name in public:
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef):
+                    check(f, node.name + ".")
+    return bad
+
+
+@pytest.mark.parametrize("module", sorted(p.name for p in (ROOT / "speclab").glob("*.py") if p.name != "_modidx.py"))
+def test_public_api_is_typed(module):
+    "Every public function and method the notebooks export has type hints on its arguments and its return."
+    bad = _untyped(ROOT / "speclab" / module)
+    assert not bad, "\n".join(bad)
