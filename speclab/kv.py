@@ -60,7 +60,8 @@ def _check_tokens(tokens, name: str, allow_empty: bool = True) -> list:
 # %% ../nbs/06_kv.ipynb #7534cc27
 class BlockManager:
     "Paged-KV bookkeeping for speculative decoding: free list, reference counts, block tables, prefix cache."
-    def __init__(self, num_blocks: int, block_size: int, sliding_window: int | None = None, policy: str = "speclab"):
+    def __init__(self, num_blocks: int, block_size: int, sliding_window: int | None = None, policy: str = "speclab",
+                 enable_prefix_caching: bool = True):
         for name, v in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not _is_int(v) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -68,8 +69,11 @@ class BlockManager:
             raise ValueError(f"sliding_window must be None or an int >= 1, got {sliding_window!r}")
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if not isinstance(enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
         self.num_blocks, self.block_size = num_blocks, block_size
         self.sliding_window, self.policy = sliding_window, policy
+        self.enable_prefix_caching = enable_prefix_caching  # False: no block is ever looked up or cached
         self.free_list = list(range(num_blocks))  # allocate from the front, free to the back
         self.ref_cnt = [0] * num_blocks
         self.cached = {}     # tuple(tokens[:end of block]) -> block id: the prefix cache
@@ -108,7 +112,8 @@ class BlockManager:
 
     def _allocate(self, n):
         "Hand out `n` fresh blocks from the front of the free list, evicting whatever cache key they held."
-        out, self.free_list = self.free_list[:n], self.free_list[n:]
+        out = self.free_list[:n]
+        del self.free_list[:n]  # in place: no copy of the rest of the pool
         for b in out:
             key = self.block_key.pop(b, None)
             if key is not None:
@@ -127,6 +132,8 @@ class BlockManager:
     def _lookup(self, tokens):
         "Leading full blocks of `tokens` in the prefix cache; at least one token is left to compute (for its logits)."
         hits = []
+        if not self.enable_prefix_caching:
+            return hits
         for i in range((len(tokens) - 1) // self.block_size):
             b = self.cached.get(tuple(tokens[:(i + 1) * self.block_size]))
             if b is None:
@@ -136,6 +143,8 @@ class BlockManager:
 
     def _cache_blocks(self, r, num_tokens_to_cache, tokens):
         "Offer the full blocks of `tokens[:num_tokens_to_cache]` not offered yet to the prefix cache."
+        if not self.enable_prefix_caching:
+            return
         b = self.block_size
         for i in range(r.num_cached_blocks, num_tokens_to_cache // b):
             key = tuple(tokens[:(i + 1) * b])
@@ -156,42 +165,75 @@ class BlockManager:
         r.num_cached_blocks = len(hits)
         return r.num_computed_tokens
 
+    # -- reservations ("Reserving the draft's slots" below) --
+    def _check_reservable(self, r, num_lookahead):
+        "Refuse a reservation for a request with a step in flight, or a lookahead that is not a count."
+        if r.spec_tokens is not None:
+            raise ValueError(f"request {r.req_id!r} already has a step in flight; commit it first")
+        if not _is_int(num_lookahead) or num_lookahead < 0:
+            raise ValueError(f"num_lookahead must be an int >= 0, got {num_lookahead!r}")
+
+    def _plan(self, r, num_lookahead):
+        "The prefix-cache hits a request with no blocks claims, and the fresh blocks that cover tokens + lookahead."
+        hits = self._lookup(r.tokens) if not r.block_ids else []  # only a request with no blocks looks up
+        held = len(r.block_ids) + len(hits)  # one of the two is empty
+        return hits, max(-(-(r.num_tokens + num_lookahead) // self.block_size) - held, 0)
+
+    def _grow(self, r, hits, fresh):
+        "Claim `hits` (for a request with no blocks) and `fresh` new blocks, or refuse, changing nothing."
+        free = self.free_blocks - sum(self.ref_cnt[b] == 0 for b in hits)  # a zero-count hit leaves the free list
+        if fresh > free:
+            raise ValueError(f"out of KV blocks: request {r.req_id!r} needs {fresh} more, {free} free")
+        if not r.block_ids:
+            self._take(hits)
+            r.block_ids, r.num_computed_tokens, r.num_cached_blocks = hits, len(hits) * self.block_size, len(hits)
+        r.block_ids += self._allocate(fresh)
+
+    def blocks_needed(self, req_id: Hashable, num_lookahead: int = 0) -> int:
+        "Blocks `reserve(req_id, num_lookahead)` would take off the free list (a prefix hit in use costs none)."
+        r = self._get(req_id)
+        self._check_reservable(r, num_lookahead)
+        hits, fresh = self._plan(r, num_lookahead)
+        return fresh + sum(self.ref_cnt[b] == 0 for b in hits)
+
+    def reserve(self, req_id: Hashable, num_lookahead: int = 0) -> int:
+        "Grow the block table to cover the finalized tokens plus `num_lookahead` slots. Returns num_computed_tokens."
+        r = self._get(req_id)
+        self._check_reservable(r, num_lookahead)
+        self._grow(r, *self._plan(r, num_lookahead))
+        return r.num_computed_tokens
+
     def schedule(self, req_id: Hashable, draft_tokens: Sequence[int] = ()) -> Step:
         "Allocate slots for the uncomputed finalized tokens plus `draft_tokens`; count them all as computed."
         r = self._get(req_id)
         if r.spec_tokens is not None:
             raise ValueError(f"request {req_id!r} already has a step in flight; commit it first")
         drafts = _check_tokens(draft_tokens, "draft_tokens")
-        hits = self._lookup(r.tokens) if not r.block_ids else []  # a preempted request looks up again
+        hits, fresh = self._plan(r, len(drafts))  # after reserve(req_id, k >= len(drafts)): no hits, fresh == 0
         start = len(hits) * self.block_size if not r.block_ids else r.num_computed_tokens
-        seq = r.tokens + drafts
-        need = -(-len(seq) // self.block_size) - max(len(r.block_ids), len(hits))
         if any(b == FREED for b in r.block_ids[start // self.block_size:]):
             raise ValueError(f"request {req_id!r} must write position {start}, "
                              "whose block the sliding window already freed")
-        free = self.free_blocks - sum(self.ref_cnt[b] == 0 for b in hits)
-        if need > free:
-            raise ValueError(f"out of KV blocks: request {req_id!r} needs {need} more, {free} free")
-        if not r.block_ids:
-            self._take(hits)
-            r.block_ids, r.num_computed_tokens, r.num_cached_blocks = hits, start, len(hits)
-        r.block_ids += self._allocate(max(need, 0))
+        self._grow(r, hits, fresh)
+        end = r.num_tokens + len(drafts)
+        token_ids = r.tokens[start:] + drafts
         r.spec_tokens = drafts
-        r.num_computed_tokens = len(seq)  # optimistic: every draft counted as computed
+        r.num_computed_tokens = end  # optimistic: every draft counted as computed
         if self.policy == "buggy_prefix":
-            self._cache_blocks(r, r.num_computed_tokens, seq)  # BUG: drafts get cached
+            self._cache_blocks(r, end, r.tokens + drafts)  # BUG: drafts get cached
         else:
-            self._cache_blocks(r, min(r.num_computed_tokens, r.num_tokens), r.tokens)  # finalized tokens only
-        positions = list(range(start, len(seq)))
-        return Step(positions, seq[start:], [self.slot(req_id, p) for p in positions])
+            self._cache_blocks(r, min(end, r.num_tokens), r.tokens)  # finalized tokens only
+        b, table = self.block_size, r.block_ids
+        return Step(list(range(start, end)), token_ids, [table[p // b] * b + p % b for p in range(start, end)])
 
     def _free_outside_window(self, r, num_computed_tokens):
         "Return the blocks that lie wholly before the window of a query at position `num_computed_tokens`."
         first_needed = num_computed_tokens - self.sliding_window + 1
-        for i, b in enumerate(r.block_ids):
-            if b != FREED and (i + 1) * self.block_size <= first_needed:
-                self._release(b)
-                r.block_ids[i] = FREED
+        i = min(first_needed // self.block_size, len(r.block_ids)) - 1  # the last block wholly before the window
+        while i >= 0 and r.block_ids[i] != FREED:  # freed blocks form a prefix: stop at the first one
+            self._release(r.block_ids[i])
+            r.block_ids[i] = FREED
+            i -= 1
 
     def commit(self, req_id: Hashable, num_accepted: int, emitted_tokens: Sequence[int]) -> int:
         "Finish the step in flight: roll back the rejected drafts, append the emitted tokens (n accepted + 1)."
@@ -357,6 +399,8 @@ def check_invariants(manager: BlockManager, kv: PagedKV | None = None,
             bad.append(f"leak: block {b} free-list membership disagrees with its count")
         if owners[b] > 1 and b not in m.block_key:
             bad.append(f"block {b} is shared by {owners[b]} requests but is not a prefix-cache block")
+    if not m.enable_prefix_caching and m.cached:
+        bad.append(f"prefix cache: caching is off but {len(m.cached)} blocks are cached")
     if kv is not None:
         for r in m.requests.values():
             if r.spec_tokens is not None or not r.block_ids:
@@ -385,6 +429,15 @@ def check_invariants(manager: BlockManager, kv: PagedKV | None = None,
             want = toy_kv(key[-m.block_size:], pos, *kv.k.shape[2:], dtype=kv.k.dtype)
             if not _same_kv((kv.k[b], kv.v[b]), want):
                 bad.append(f"prefix cache: block {b} does not hold the K/V of its key")
+    for r in m.requests.values():  # the next step writes from the computed length on: those blocks must be private
+        first = r.num_computed_tokens // m.block_size  # the block holding the first position not computed yet
+        for b in r.block_ids[first:]:
+            if b != FREED and b in m.block_key:
+                bad.append(f"prefix cache: block {b} is cached, but {r.req_id!r} will write it "
+                           "(it lies past the computed length)")
+            if b != FREED and owners[b] > 1:
+                bad.append(f"reserved block: block {b} is shared by {owners[b]} requests, "
+                           f"but {r.req_id!r} will write it")
     return bad
 
 # %% ../nbs/06_kv.ipynb #62a34a1d
@@ -393,8 +446,9 @@ _SHARED_PREFIX = tuple(range(1, 13))  # fuzzed prompts start with a piece of thi
 def random_ops(steps: int, seed: int = 0, max_requests: int = 3, vocab: int = 6) -> list[tuple]:
     "A random workload: `steps` operations over at most `max_requests` live requests, each a readable tuple."
     rng, live, ops = random.Random(seed), [], []
-    for n in range(steps):
-        kind = rng.choice(("add", "step", "step", "step", "step", "finish", "preempt"))
+    while len(ops) < steps:
+        n = len(ops)
+        kind = rng.choice(("add", "step", "step", "step", "step", "reserve", "finish", "preempt"))
         if not live or (kind == "add" and len(live) < max_requests):
             shared = _SHARED_PREFIX[:rng.choice((0, 1, 4, 5, 8, 9, 12))]
             prompt = [*shared, *(rng.randrange(vocab) for _ in range(rng.randint(0, 4)))] or [rng.randrange(vocab)]
@@ -407,16 +461,28 @@ def random_ops(steps: int, seed: int = 0, max_requests: int = 3, vocab: int = 6)
             if kind == "finish":
                 live.remove(rid)
             continue
+        if kind == "reserve":  # a reservation on its own: another request may step, preempt or finish before it is used
+            ops.append(("reserve", rid, rng.randint(0, 6)))
+            continue
         drafts = [rng.randrange(vocab) for _ in range(rng.randint(0, 4))]
+        if rng.random() < 0.5 and len(ops) + 1 < steps:  # the engine's order: reserve the draft's slots, then step
+            ops.append(("reserve", rid, len(drafts) + rng.randint(0, 2)))
         ops.append(("step", rid, drafts, rng.randint(0, len(drafts)), rng.randrange(vocab)))
     return ops
 
-def _play(policy, ops, num_blocks=12, block_size=4, sliding_window=None) -> tuple[int, list[str]]:
+def _refusal(m, before, e, what) -> list[str]:
+    "The violations of a refused operation: refused for another reason than a full pool, or state changed anyway."
+    if "out of KV blocks" not in str(e):
+        return [f"refused: {e}"]
+    return [] if m.state() == before else [f"a refused {what} changed the bookkeeping"]
+
+def _play(policy, ops, num_blocks=12, block_size=4, sliding_window=None,
+          enable_prefix_caching=True) -> tuple[int, list[str]]:
     "Index of the first operation after which an invariant fails, and the violations; (len(ops), []) if none."
     if isinstance(policy, str):
-        m = BlockManager(num_blocks, block_size, sliding_window, policy)
+        m = BlockManager(num_blocks, block_size, sliding_window, policy, enable_prefix_caching)
     else:
-        m = policy(num_blocks, block_size, sliding_window)
+        m = policy(num_blocks, block_size, sliding_window, enable_prefix_caching=enable_prefix_caching)
     kv, history = PagedKV(num_blocks, block_size), {}
     for n, (kind, rid, *args) in enumerate(ops):
         if kind == "add":
@@ -424,17 +490,28 @@ def _play(policy, ops, num_blocks=12, block_size=4, sliding_window=None) -> tupl
             history[rid] = list(args[0])
         elif rid not in m.requests:  # a shrunk trace may have lost the request's `add`
             continue
+        elif kind == "reserve":
+            before = m.state()
+            try:
+                m.reserve(rid, args[0])
+            except ValueError as e:
+                bad = _refusal(m, before, e, "reservation")
+                if bad:
+                    return n, bad
         elif kind == "step":
             drafts, num_accepted, next_token = args
-            before = m.state()
+            req, before = m.requests[rid], m.state()
+            held = len(req.block_ids)
+            reserved = held > 0 and held * m.block_size >= req.num_tokens + len(drafts)  # the step's slots exist
             try:
                 toy_step(m, kv, rid, drafts, num_accepted, next_token)
                 history[rid] += drafts[:num_accepted] + [next_token]
             except ValueError as e:
-                if "out of KV blocks" not in str(e):
-                    return n, [f"refused: {e}"]
-                if m.state() != before:
-                    return n, ["a refused step changed the bookkeeping"]
+                bad = [f"refused although reserved: {e}"] if reserved else _refusal(m, before, e, "step")
+                if bad:
+                    return n, bad
+            if reserved and len(req.block_ids) > held:
+                return n, [f"schedule allocated {len(req.block_ids) - held} blocks a reservation already held"]
         elif kind == "finish":
             m.finish(rid)
         else:
@@ -446,19 +523,20 @@ def _play(policy, ops, num_blocks=12, block_size=4, sliding_window=None) -> tupl
     return len(ops), []
 
 def replay(policy: str | Callable[..., BlockManager], ops: list[tuple], num_blocks: int = 12, block_size: int = 4,
-           sliding_window: int | None = None) -> list[str]:
+           sliding_window: int | None = None, enable_prefix_caching: bool = True) -> list[str]:
     """Play `ops` on a fresh manager and toy cache; the violations after the first operation that breaks an invariant.
     `policy`: a name in `POLICIES`, or a factory such as a `BlockManager` subclass, called as
-    `policy(num_blocks, block_size, sliding_window)`."""
-    n, bad = _play(policy, ops, num_blocks, block_size, sliding_window)
+    `policy(num_blocks, block_size, sliding_window, enable_prefix_caching=enable_prefix_caching)`."""
+    n, bad = _play(policy, ops, num_blocks, block_size, sliding_window, enable_prefix_caching)
     return [f"after op {n} {ops[n][:2]}: {e}" for e in bad]
 
 def fuzz_invariants(policy: str | Callable[..., BlockManager], steps: int = 40, seed: int = 0,
-                    **kwargs: int | None) -> list[str]:
+                    **kwargs: int | bool | None) -> list[str]:
     "Violations found by a random workload of `steps` operations (empty: none). `kwargs` go to `replay`."
     return replay(policy, random_ops(steps, seed), **kwargs)
 
-def shrink_ops(policy: str | Callable[..., BlockManager], ops: list[tuple], **kwargs: int | None) -> list[tuple]:
+def shrink_ops(policy: str | Callable[..., BlockManager], ops: list[tuple],
+               **kwargs: int | bool | None) -> list[tuple]:
     "A shorter failing trace: cut after the first failure, then drop operations one at a time while it still fails."
     n, bad = _play(policy, ops, **kwargs)
     if not bad:

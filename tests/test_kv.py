@@ -1,8 +1,12 @@
 """Fuzz tests of speclab.kv: random workloads over several requests (add with shared prompt prefixes, speculative
-steps with kappa 0..4 and any accepted count, preempt, finish), with every invariant checked after every operation.
-speclab's policy must never violate one; the two buggy policies must be caught by the same checks. The chapter's own
-seeded fuzzer (`fuzz_invariants`, `shrink_ops`) is tested at the end, on the chapter's bugs and one planted here."""
+steps with kappa 0..4 and any accepted count, reservations of lookahead slots, preempt, finish), with every invariant
+checked after every operation. speclab's policy must never violate one; the two buggy policies must be caught by the
+same checks. The chapter's own seeded fuzzer (`fuzz_invariants`, `shrink_ops`) is tested on the chapter's bugs and
+two planted here. The reservation API (`blocks_needed`, `reserve`), the prefix-cache switch and an engine-style
+scheduler loop (admit only if the reservation fits, preempt when it does not) are tested at the end."""
+import random
 import re
+from collections import deque
 
 import pytest
 import torch
@@ -15,42 +19,74 @@ from speclab.sampling import PLACEHOLDER_TOKEN_ID
 PREFIX = list(range(1, 13))  # prompts start with a piece of this, so the prefix cache gets hits
 EXAMPLES = 200
 
-op = st.tuples(st.sampled_from(["add", "step", "step", "step", "step", "finish", "preempt"]),
+op = st.tuples(st.sampled_from(["add", "step", "step", "step", "step", "reserve", "finish", "preempt"]),
                st.integers(0, 3),                             # which live request
                st.integers(0, 4),                             # kappa
                st.integers(0, 4),                             # accepted (clipped to kappa)
                st.sampled_from([5, 8, 9, 12]) | st.integers(0, len(PREFIX)),  # shared prefix length of a new prompt
                st.lists(st.integers(0, 5), max_size=4),       # prompt suffix / draft tokens
-               st.integers(0, 5))                             # recovered or bonus token
+               st.integers(0, 5),                             # recovered or bonus token
+               st.none() | st.integers(0, 6))                 # a reserve's lookahead; a step's extra (None: none)
 ops_strategy = st.lists(op, min_size=10, max_size=40)
 
 
-def run(ops, policy="speclab", sliding_window=None, num_blocks=24, block_size=4):
+def try_reserve(m, rid, num_lookahead):
+    "Reserve and return True, or check that a refusal was for room, predicted by blocks_needed, and changed nothing."
+    need, free, held, before = m.blocks_needed(rid, num_lookahead), m.free_blocks, m.block_table(rid), m.state()
+    try:
+        computed = m.reserve(rid, num_lookahead)
+    except ValueError as e:
+        assert "out of KV blocks" in str(e) and need > free, (e, need, free)
+        assert m.state() == before
+        return False
+    assert need <= free and m.free_blocks == free - need  # blocks_needed is exactly what reserve took
+    r = m.requests[rid]
+    assert computed == r.num_computed_tokens and len(r.block_ids) * m.block_size >= r.num_tokens + num_lookahead
+    assert not held or r.block_ids[:len(held)] == held    # a table only grows
+    return True
+
+
+def run(ops, policy="speclab", sliding_window=None, num_blocks=24, block_size=4, enable_prefix_caching=True):
     "Play `ops`; return the first list of violations found (empty if none). Asserts what must hold for any policy."
-    m, kv = BlockManager(num_blocks, block_size, sliding_window, policy), PagedKV(num_blocks, block_size)
+    m = BlockManager(num_blocks, block_size, sliding_window, policy, enable_prefix_caching)
+    kv = PagedKV(num_blocks, block_size)
     history, finalized, q = {}, [], torch.linspace(-1, 1, 16, dtype=torch.float64).view(2, 8)
     stepped = None
-    for n, (kind, i, kappa, acc, plen, toks, nxt) in enumerate(ops):
+    for n, (kind, i, kappa, acc, plen, toks, nxt, lookahead) in enumerate(ops):
         live = sorted(m.requests)
         if kind == "add" or not live:
             prompt = PREFIX[:plen] + toks or [nxt]
             hit = m.add_request(n, prompt)
             assert hit % block_size == 0 and hit <= len(prompt) - 1
-            history[n] = list(prompt); finalized.append(history[n])
+            assert enable_prefix_caching or hit == 0
+            history[n] = list(prompt)
+            finalized.append(history[n])
         else:
             rid = live[i % len(live)]
-            if kind == "step":
+            if kind == "reserve":
+                try_reserve(m, rid, lookahead or 0)
+            elif kind == "step":
                 drafts, acc = (toks + [5, 4, 3, 2])[:kappa], min(acc, kappa)
-                before = m.state()
-                try: toy_step(m, kv, rid, drafts, acc, nxt)
+                reserved = lookahead is not None and try_reserve(m, rid, kappa + lookahead)  # the engine's order
+                if lookahead is not None and not reserved:
+                    continue  # an engine would preempt someone and try again; here the step waits
+                held, free, before = len(m.block_table(rid)), m.free_blocks, m.state()
+                try:
+                    toy_step(m, kv, rid, drafts, acc, nxt)
                 except ValueError as e:  # a refused step (no room) must leave everything as it was
                     assert "out of KV blocks" in str(e) or (policy != "speclab" and "freed" in str(e)), e
+                    assert not reserved or "freed" in str(e), e  # a reserved step always has its blocks
                     assert m.state() == before
                     continue
+                if reserved:  # schedule allocated nothing (a sliding window may have freed some since)
+                    assert len(m.block_table(rid)) == held and m.free_blocks >= free
                 history[rid] += drafts[:acc] + [nxt]
                 stepped = rid
-            elif kind == "finish": m.finish(rid)
-            else: m.preempt(rid)
+            elif kind == "finish":
+                m.finish(rid)
+            else:
+                m.preempt(rid)
+        assert enable_prefix_caching or (m.cached == {} and max(m.ref_cnt) <= 1)  # off: nothing cached or shared
         for rid, r in m.requests.items(): assert r.tokens == history[rid]  # committed tokens == accepted history
         bad = check_invariants(m, kv, finalized)
         if bad: return bad
@@ -66,6 +102,14 @@ def run(ops, policy="speclab", sliding_window=None, num_blocks=24, block_size=4)
 @given(ops=ops_strategy)
 def test_speclab_keeps_every_invariant(ops, sliding_window):
     assert run(ops, sliding_window=sliding_window) == []
+
+
+@pytest.mark.parametrize("policy, sliding_window", [("speclab", None), ("speclab", 5), ("buggy_prefix", None)])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=ops_strategy)
+def test_prefix_caching_off(ops, policy, sliding_window):
+    "With the cache off nothing is looked up, cached or shared, so even buggy_prefix (which caches drafts) is safe."
+    assert run(ops, policy, sliding_window, num_blocks=12, block_size=2, enable_prefix_caching=False) == []
 
 
 @pytest.mark.parametrize("sliding_window", [None, 5])
@@ -136,6 +180,16 @@ def _manager():
     (lambda m: m.add_request("c", []), "prompt_tokens"),
     (lambda m: m.tree_path_moves("a", [1, 0]), "increasing"),
     (lambda m: m.tree_path_moves("a", [0, 2]), "increasing"),
+    (lambda m: m.reserve("a", 1), "in flight"),
+    (lambda m: m.blocks_needed("a"), "in flight"),
+    (lambda m: m.reserve("b", -1), "num_lookahead must be an int >= 0"),
+    (lambda m: m.reserve("b", True), "num_lookahead"),
+    (lambda m: m.reserve("b", 1.0), "num_lookahead"),
+    (lambda m: m.blocks_needed("b", "2"), "num_lookahead"),
+    (lambda m: m.reserve("x"), "unknown request id 'x'"),
+    (lambda m: m.blocks_needed("x", 1), "unknown request id 'x'"),
+    (lambda m: m.reserve("b", 12), "out of KV blocks: request 'b' needs 4 more, 3 free"),
+    (lambda m: BlockManager(4, 4, enable_prefix_caching=1), "enable_prefix_caching"),
 ])
 def test_bad_input_raises_and_changes_nothing(call, message):
     m = _manager()
@@ -174,11 +228,18 @@ class _EagerTrimFixed(_EagerTrim):
 def test_random_ops_are_seeded_and_well_formed():
     ops = random_ops(60, seed=3)
     assert ops == random_ops(60, seed=3) and ops != random_ops(60, seed=4)
-    assert {op[0] for op in ops} <= {"add", "step", "finish", "preempt"} and ops[0][0] == "add"
+    assert {op[0] for op in ops} <= {"add", "step", "reserve", "finish", "preempt"} and ops[0][0] == "add"
     for op in ops:
         if op[0] == "step":
             _, _, drafts, num_accepted, _ = op
             assert len(drafts) <= 4 and 0 <= num_accepted <= len(drafts)
+        if op[0] == "reserve":
+            assert 0 <= op[2] <= 6
+    traces = [random_ops(40, seed) for seed in range(20)]
+    assert all(len(ops) == 40 for ops in traces)
+    pairs = [(a, b) for ops in traces for a, b in zip(ops, ops[1:]) if a[0] == "reserve" and b[0] == "step"]
+    assert sum(a[1] == b[1] and a[2] >= len(b[2]) for a, b in pairs) > 100  # steps right after their own reservation
+    assert sum(op[0] == "reserve" for ops in traces for op in ops) > 150  # and reservations are common
 
 
 @pytest.mark.parametrize("kwargs", [{}, dict(sliding_window=6), dict(num_blocks=12, block_size=2, sliding_window=5)])
@@ -191,6 +252,7 @@ def test_fuzzer_passes_speclab_and_a_correct_subclass(kwargs):
     ("buggy_prefix", {}, "prefix cache"),
     ("buggy_window", dict(sliding_window=6), "stale read"),
     (_EagerTrim, {}, "block table shorter"),
+    (_EagerTrim, dict(enable_prefix_caching=False), "block table shorter"),
 ])
 def test_fuzzer_catches_and_shrinks_each_planted_bug(policy, kwargs, expected):
     "Each bug is found on most seeds, and shrinking leaves at most three operations that still show it."
@@ -207,3 +269,229 @@ def test_shrink_needs_a_failing_trace_and_replay_skips_lost_requests():
     with pytest.raises(ValueError, match="failing trace"):
         shrink_ops("speclab", random_ops(10, seed=0))
     assert replay("speclab", [("step", 7, [1], 1, 2), ("finish", 7), ("add", 1, [3, 4]), ("step", 1, [], 0, 5)]) == []
+
+
+# -- reservations and the prefix-cache switch ------------------------------------------------------------------------
+
+def test_reserve_covers_the_lookahead_and_schedule_then_allocates_nothing():
+    "Any block size, context and kappa: reserve takes ceil((T + k) / b) blocks; schedule of <= k drafts takes none."
+    for b in (1, 2, 4, 16):
+        for num_tokens in range(1, 2 * b + 3):
+            for kappa in range(6):
+                m, kv = BlockManager(64, b), PagedKV(64, b)
+                m.add_request(0, range(100, 100 + num_tokens))
+                need = m.blocks_needed(0, kappa)
+                assert need == -(-(num_tokens + kappa) // b)
+                assert m.reserve(0, kappa) == 0
+                assert (m.used_blocks, len(m.block_table(0))) == (need, need)
+                assert m.blocks_needed(0, kappa) == 0 and m.reserve(0, kappa) == 0 and m.used_blocks == need
+                for num_drafts in (kappa, 0):  # the full reservation, then a step that drafts nothing
+                    computed = m.reserve(0, kappa)
+                    slots = [m.slot(0, p) for p in range(m.requests[0].num_tokens + num_drafts)]
+                    held = m.used_blocks
+                    s = toy_step(m, kv, 0, [7] * num_drafts, num_drafts, 8)
+                    assert m.used_blocks == held and s.slot_mapping == slots[computed:]
+                    assert check_invariants(m, kv, [m.requests[0].tokens]) == []
+
+
+def test_blocks_needed_counts_prefix_hits_that_sit_in_the_free_list():
+    "A preempted request's hits cost a block each while free, nothing while another request uses them."
+    m = BlockManager(8, 4)
+    m.add_request("a", range(10, 19))
+    m.schedule("a")
+    m.commit("a", 0, [7])  # 10 tokens; blocks 0 and 1 are cached
+    m.preempt("a")
+    assert (m.free_blocks, m.blocks_needed("a", 2)) == (8, 3)
+    assert m.add_request("c", [*range(10, 18), 99]) == 8
+    assert m.blocks_needed("a", 2) == 1
+    free = m.free_blocks
+    assert m.reserve("a", 2) == 8 and m.free_blocks == free - 1
+    assert m.block_table("a")[:2] == m.block_table("c")
+    s = m.schedule("a", [1, 2])
+    assert s.positions == [8, 9, 10, 11] and s.token_ids == [18, 7, 1, 2] and m.free_blocks == free - 1
+    assert check_invariants(m) == []
+    off = BlockManager(8, 4, enable_prefix_caching=False)  # the same story with the cache off: all recomputed
+    off.add_request("a", range(10, 19))
+    off.schedule("a")
+    off.commit("a", 0, [7])
+    off.preempt("a")
+    assert off.add_request("c", [*range(10, 18), 99]) == 0
+    assert off.blocks_needed("a", 2) == 3 and off.reserve("a", 2) == 0 and off.cached == {}
+
+
+def test_a_refused_reservation_changes_nothing():
+    "Refused for room, a reservation claims no prefix hit and moves no block, even for a preempted request."
+    m = BlockManager(6, 4)
+    m.add_request("a", range(10, 19))
+    m.schedule("a")
+    m.commit("a", 0, [7])
+    m.preempt("a")                      # blocks 0 and 1 cached, all 6 free
+    m.add_request("b", range(50, 59))   # 9 tokens: b takes 3 blocks; the 3 left are 2 and the cached 1, 0
+    m.reserve("b")
+    assert m.blocks_needed("a", 3) == 4 and m.free_blocks == 3
+    before = m.state()
+    with pytest.raises(ValueError, match=re.escape("out of KV blocks: request 'a' needs 2 more, 1 free")):
+        m.reserve("a", 3)
+    assert m.state() == before
+    with pytest.raises(ValueError, match="out of KV blocks"):
+        m.schedule("a", [1, 2, 3])
+    assert m.state() == before
+    assert m.reserve("a", 2) == 8 and m.free_blocks == 0  # 12 positions: the two hits and one fresh block
+
+
+def test_check_invariants_accepts_reserved_tables():
+    m, kv = BlockManager(16, 4), PagedKV(16, 4)
+    m.add_request("a", range(5))
+    m.reserve("a", 20)                  # 7 blocks, nothing computed
+    assert check_invariants(m, kv, [list(range(5))]) == []
+    toy_step(m, kv, "a", [1, 2], 1, 3)
+    m.reserve("a", 9)
+    assert len(m.block_table("a")) == 7 and check_invariants(m, kv, [m.requests["a"].tokens]) == []
+    m.requests["a"].num_computed_tokens = 29  # but a table shorter than the computed length is still flagged
+    assert any("shorter" in e for e in check_invariants(m))
+
+
+class _NoEvict(BlockManager):
+    "A planted bug: hands out free blocks without evicting their prefix-cache keys, so a reserved block stays cached."
+
+    def _allocate(self, n):
+        out = self.free_list[:n]
+        del self.free_list[:n]
+        for b in out:
+            self.ref_cnt[b] = 1
+        return out
+
+
+def test_reserved_blocks_must_be_private():
+    "Invariant 6 flags a reserved block that is cached or shared at once, before any K/V is written into it."
+    for manager in (BlockManager, _NoEvict):
+        m = manager(3, 4)
+        m.add_request("a", range(9))
+        m.schedule("a")
+        m.commit("a", 0, [9])
+        m.finish("a")
+        m.add_request("b", [50])
+        m.reserve("b", 7)
+        bad = check_invariants(m)
+        assert (bad == []) == (manager is BlockManager), bad
+        if manager is _NoEvict:
+            assert bad == ["prefix cache: block 1 is cached, but 'b' will write it (it lies past the computed length)"]
+            assert m.add_request("c", [*range(8), 5]) == 8  # the cached key hands b's reserved block to c
+            assert any(e.startswith("reserved block: block 1 is shared by 2") for e in check_invariants(m))
+    failing = [s for s in range(10) if fuzz_invariants(_NoEvict, 40, s)]
+    assert len(failing) >= 5, failing
+    ops = random_ops(40, failing[0])
+    trace = shrink_ops(_NoEvict, ops)
+    assert len(trace) < len(ops)
+    assert any("will write it" in e for e in replay(_NoEvict, trace)), replay(_NoEvict, trace)
+    assert replay("speclab", trace) == []
+
+
+class _Counting(BlockManager):
+    "Counts successful reservations and the steps that found all their blocks reserved."
+    made = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reservations = 0
+        self.reserved_steps = 0
+        _Counting.made.append(self)
+
+    def reserve(self, req_id, num_lookahead=0):
+        out = super().reserve(req_id, num_lookahead)
+        self.reservations += 1
+        return out
+
+    def schedule(self, req_id, draft_tokens=()):
+        r = self.requests[req_id]
+        covered = r.block_ids and len(r.block_ids) * self.block_size >= r.num_tokens + len(draft_tokens)
+        out = super().schedule(req_id, draft_tokens)
+        self.reserved_steps += bool(covered)
+        return out
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(sliding_window=6), dict(num_blocks=12, block_size=2, sliding_window=5),
+                                    dict(enable_prefix_caching=False)])
+def test_fuzzer_with_reservations_stays_clean_over_200_seeds(kwargs):
+    _Counting.made.clear()
+    assert [s for s in range(200) if fuzz_invariants(_Counting, 40, s, **kwargs)] == []
+    assert [s for s in range(200) if fuzz_invariants("speclab", 40, s, **kwargs)] == []
+    assert len(_Counting.made) == 200
+    assert sum(m.reservations for m in _Counting.made) > 1000  # the workloads did reserve ...
+    assert sum(m.reserved_steps for m in _Counting.made) > 500  # ... and stepped into reservations
+
+
+class _CountingLookups(BlockManager):
+    lookups = 0
+
+    def _lookup(self, tokens):
+        self.lookups += 1
+        return super()._lookup(tokens)
+
+
+def test_steady_state_steps_do_not_look_up_the_prefix_cache():
+    "reserve / schedule / commit consult the prefix cache only for a request with no blocks (new or preempted)."
+    m = _CountingLookups(64, 4)
+    m.add_request("a", range(30))
+    m.reserve("a", 3)  # the cache was empty, so `a` still had no blocks: a second lookup
+    assert m.lookups == 2
+    for n in range(40):
+        m.reserve("a", 3)
+        m.schedule("a", [1, 2, 3])
+        m.commit("a", n % 4, [1, 2, 3][:n % 4] + [9])
+    assert m.lookups == 2
+    m.preempt("a")
+    assert m.blocks_needed("a", 3) > 0 and m.reserve("a", 3) > 0 and m.lookups == 4
+    m.schedule("a", [1])
+    m.commit("a", 0, [2])
+    assert m.lookups == 4
+
+
+def test_engine_style_scheduler_admits_reserves_and_preempts():
+    """Admit a waiting request only if its reservation fits; each step, reserve kappa slots for every running request
+    (oldest first), preempting the newest when the pool is short; then every step finds its blocks in place."""
+    rng, kappa, target_len = random.Random(0), 3, 30
+    m, kv = BlockManager(20, 4), PagedKV(20, 4)
+    prompts = {n: [*PREFIX[:rng.choice((0, 4, 8))], *(rng.randrange(6) for _ in range(rng.randint(1, 6)))]
+               for n in range(12)}
+    waiting, running, history, preemptions, steps = deque(prompts), [], {}, 0, 0
+    while waiting or running:
+        i = 0
+        while i < len(running):  # (1) the reservations
+            if m.blocks_needed(running[i], kappa) <= m.free_blocks:
+                m.reserve(running[i], kappa)
+                i += 1
+                continue
+            victim = running.pop()  # the newest running request gives its blocks back and waits again
+            m.preempt(victim)
+            waiting.appendleft(victim)
+            preemptions += 1
+        while waiting:  # (2) admission, in arrival order, only when the reservation fits
+            head = waiting[0]
+            if head not in m.requests:
+                m.add_request(head, prompts[head])
+                history[head] = list(prompts[head])
+            if m.blocks_needed(head, kappa) > m.free_blocks:
+                m.preempt(head)  # waiting holds no blocks: drop the prefix hits add_request may have claimed
+                break
+            m.reserve(head, kappa)
+            running.append(waiting.popleft())
+        assert running, "no request fits an empty pool"
+        for rid in running:  # (3) draft, verify, commit: no allocation
+            free = m.free_blocks
+            drafts = [rng.randrange(6) for _ in range(kappa)]
+            s = m.schedule(rid, drafts)
+            assert m.free_blocks == free
+            kv.write(s.slot_mapping, *toy_kv(s.token_ids, s.positions))
+            num_accepted = rng.randint(0, kappa)
+            emitted = drafts[:num_accepted] + [rng.randrange(6)]
+            m.commit(rid, num_accepted, emitted)
+            history[rid] += emitted
+            steps += 1
+        assert check_invariants(m, kv, list(history.values())) == []
+        for rid in [r for r in running if m.requests[r].num_tokens >= target_len]:
+            assert m.requests[rid].tokens == history[rid]
+            m.finish(rid)
+            running.remove(rid)
+    assert m.free_blocks == 20 and m.requests == {}
+    assert preemptions > 0 and steps > 12  # the pool was tight enough to preempt
