@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['INDEX_DTYPE', 'check_drafts', 'sampled_logits_indices', 'target_bonus_indices', 'SpecDecodeMetadata',
-           'draft_tokens_from_inputs', 'expand_batch_to_tokens']
+           'draft_tokens_from_inputs', 'expand_batch_to_tokens', 'SamplingMetadata', 'rejection_sampler']
 
 # %% ../nbs/05_metadata.ipynb #fa9121c9
 from collections.abc import Sequence
@@ -13,7 +13,8 @@ from itertools import accumulate
 
 import torch
 
-from .sampling import cu_num_draft_tokens
+from .sampling import (PLACEHOLDER_TOKEN_ID, check_prob_rows, cu_num_draft_tokens, draw_tokens, get_backend,
+                              rejection_sample, sampling_probs)
 
 # %% ../nbs/05_metadata.ipynb #656b4642
 INDEX_DTYPE = torch.int64  # the dtype of every index tensor SpecDecodeMetadata holds
@@ -122,3 +123,121 @@ def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: Sequence[int] | torch
     if replace_from is None:
         return out
     return torch.where(out == replace_from, torch.as_tensor(replace_to, dtype=out.dtype), out)
+
+# %% ../nbs/05_metadata.ipynb #f8690fc7
+def _check_settings(temperature, top_k, top_p, generators) -> None:
+    "Validate SamplingMetadata's fields before anything is stored; the error names the first bad one."
+    if not isinstance(temperature, torch.Tensor) or temperature.dim() != 1 or not temperature.is_floating_point():
+        got = f"{type(temperature).__name__} {getattr(temperature, 'shape', '')}"
+        raise TypeError(f"temperature must be a 1-D floating-point tensor [batch_size], got {got}")
+    B = len(temperature)
+    if B == 0:
+        raise ValueError("temperature must hold one entry per request, got an empty tensor")
+    if not isinstance(top_k, torch.Tensor) or top_k.is_floating_point() or top_k.dtype == torch.bool:
+        raise TypeError(f"top_k must be an integer tensor [{B}], got {type(top_k).__name__}")
+    if not isinstance(top_p, torch.Tensor) or not top_p.is_floating_point():
+        raise TypeError(f"top_p must be a floating-point tensor [{B}], got {type(top_p).__name__}")
+    for name, x in (("top_k", top_k), ("top_p", top_p)):
+        if x.shape != (B,):
+            raise ValueError(f"{name} must have shape ({B},) like temperature, got {tuple(x.shape)}")
+        if x.device != temperature.device:
+            raise ValueError(f"{name} is on {x.device} but temperature is on {temperature.device}")
+    if not isinstance(generators, (list, tuple)) or len(generators) != B:
+        raise ValueError(f"generators must be a list of {B} entries (one per request), got {type(generators).__name__}")
+    for b, gen in enumerate(generators):
+        if gen is not None and not isinstance(gen, torch.Generator):
+            raise TypeError(f"generators[{b}] must be a torch.Generator or None, got {type(gen).__name__}")
+    rules = [("temperature", temperature, torch.isfinite(temperature) & (temperature >= 0), "finite and >= 0"),
+             ("top_k", top_k, top_k >= 0, ">= 0 (0 = off)"),
+             ("top_p", top_p, (top_p > 0) & (top_p <= 1), "in (0, 1] (1 = off)")]
+    for name, x, ok, rule in rules:
+        if not ok.all():
+            b = int((~ok).nonzero()[0, 0])
+            raise ValueError(f"{name} must be {rule}; {name}[{b}] is {x[b].item()}")
+
+def _numbers(x, ints: bool) -> bool:
+    "Whether x is a list or tuple of ints (ints=True) or of real numbers, bools excluded."
+    kinds = int if ints else (int, float)
+    return isinstance(x, (list, tuple)) and all(isinstance(v, kinds) and not isinstance(v, bool) for v in x)
+
+@dataclass(eq=False)
+class SamplingMetadata:
+    "Per-request sampling settings of one step as [B] tensors (vLLM's name): what the sampler needs of the engine."
+    temperature: torch.Tensor                      # [B] float64, 0 = greedy
+    top_k: torch.Tensor                            # [B] int64, 0 = off
+    top_p: torch.Tensor                            # [B] float64, 1 = off
+    generators: list                               # [B] torch.Generator of each request (requests may share one)
+    is_greedy: torch.Tensor = field(init=False)    # [B] bool: temperature == 0
+    all_greedy: bool = field(init=False)           # every request greedy: the sampler's early return
+
+    def __post_init__(self) -> None:
+        _check_settings(self.temperature, self.top_k, self.top_p, self.generators)
+        self.temperature = self.temperature.to(torch.float64)
+        self.top_k = self.top_k.to(torch.int64)
+        self.top_p = self.top_p.to(torch.float64)
+        self.generators = list(self.generators)
+        self.is_greedy = self.temperature == 0
+        self.all_greedy = bool(self.is_greedy.all())
+
+    @classmethod
+    def from_lists(cls, temperature: Sequence[float], top_k: Sequence[int], top_p: Sequence[float],
+                   generators: Sequence[torch.Generator | None],
+                   device: torch.device | str | None = None) -> "SamplingMetadata":
+        "Build from one Python value per request (e.g. each request's SamplingParams); the tensors go to `device`."
+        for name, x, ints in (("temperature", temperature, False), ("top_k", top_k, True), ("top_p", top_p, False)):
+            if not _numbers(x, ints):
+                kind = "ints" if ints else "numbers"
+                raise TypeError(f"{name} must be a list of {kind}, one per request, got {x!r}")
+        gens = list(generators) if isinstance(generators, (list, tuple)) else generators
+        return cls(temperature=torch.tensor(temperature, dtype=torch.float64, device=device),
+                   top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
+                   top_p=torch.tensor(top_p, dtype=torch.float64, device=device), generators=gens)
+
+# %% ../nbs/05_metadata.ipynb #1ddf187f
+def _check_sampler_inputs(metadata, logits, draft_probs, sampling) -> None:
+    "Validate `rejection_sampler`'s arguments before anything is drawn; the error names the argument."
+    if not isinstance(metadata, SpecDecodeMetadata):
+        raise TypeError(f"metadata must be a SpecDecodeMetadata, got {type(metadata).__name__}")
+    if not isinstance(sampling, SamplingMetadata):
+        raise TypeError(f"sampling must be a SamplingMetadata, got {type(sampling).__name__}")
+    B = len(metadata.num_draft_tokens)
+    N = len(metadata.draft_token_ids)
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or not logits.is_floating_point():
+        got = f"{type(logits).__name__} {getattr(logits, 'shape', '')}"
+        raise TypeError(f"logits must be a 2-D floating-point tensor [N + B, vocab_size], got {got}")
+    if logits.shape[0] != N + B:
+        raise ValueError(f"logits must have N + B = {N + B} rows (the target's logits at metadata.logits_indices), "
+                         f"got {logits.shape[0]}")
+    if torch.isnan(logits).any() or torch.isposinf(logits).any():
+        raise ValueError("logits contains NaN or +inf entries")
+    if len(sampling.temperature) != B:
+        raise ValueError(f"sampling holds the settings of {len(sampling.temperature)} requests, the metadata has {B}")
+    V = logits.shape[1]
+    if N and int(metadata.draft_token_ids.max()) >= V:
+        raise ValueError(f"metadata.draft_token_ids must lie in [0, {V}), the vocabulary of logits")
+    if draft_probs is not None and check_prob_rows(draft_probs, "draft_probs", N).shape[1] != V:
+        raise ValueError(f"draft_probs must be [{N}, {V}] like the target rows, got {tuple(draft_probs.shape)}")
+
+def rejection_sampler(metadata: SpecDecodeMetadata, logits: torch.Tensor, draft_probs: torch.Tensor | None,
+                      sampling: SamplingMetadata, backend: str = "torch") -> torch.Tensor:
+    "One step's sampling: the target's [N + B, V] logits -> output_token_ids [B, max_spec_len + 1] (vLLM's forward)."
+    ops = get_backend(backend)
+    _check_sampler_inputs(metadata, logits, draft_probs, sampling)
+    dev = logits.device
+    target_rows = metadata.target_logits_indices.to(dev)
+    bonus_rows = metadata.bonus_logits_indices.to(dev)
+    draft_token_ids = metadata.draft_token_ids.to(dev)
+    if sampling.all_greedy:                        # argmaxes only: no transforms, no softmax, no generator touched
+        argmax = logits.argmax(-1)
+        out = torch.full((len(bonus_rows), metadata.max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64,
+                         device=dev)
+        return ops.greedy_sample(out, metadata.cu_num_draft_tokens.to(dev), draft_token_ids, argmax[target_rows],
+                                 argmax[bonus_rows])
+    cu = metadata.cu_num_sampled_tokens
+    temperature = expand_batch_to_tokens(sampling.temperature, cu, logits.shape[0])
+    top_k = expand_batch_to_tokens(sampling.top_k, cu, logits.shape[0])
+    top_p = expand_batch_to_tokens(sampling.top_p, cu, logits.shape[0])
+    probs = sampling_probs(logits, temperature, top_k, top_p)
+    bonus = draw_tokens(probs[bonus_rows], sampling.is_greedy, sampling.generators)   # before the coins
+    return rejection_sample(draft_token_ids, metadata.num_draft_tokens, draft_probs, probs[target_rows], bonus,
+                            is_greedy=sampling.is_greedy.to(dev), generators=sampling.generators, backend=backend)

@@ -8,8 +8,8 @@ __all__ = ['PROB_TOL', 'PLACEHOLDER_TOKEN_ID', 'FIXED_POINT', 'cu_num_draft_toke
            'generate_residual_coins', 'random_sample', 'residual_rows', 'request_of_row', 'recovered_exponential',
            'fixed_point_widths', 'recovered_inverse_cdf', 'chain_sample', 'block_weights', 'block_sample',
            'mean_accepted', 'repeat_rows', 'get_backend', 'rejection_sample', 'apply_temperature', 'apply_top_k',
-           'top_p_mask_sort', 'top_p_mask_partial', 'sampling_probs', 'fixed_point_pick', 'tree_children',
-           'tree_verify', 'tree_step']
+           'top_p_mask_sort', 'top_p_mask_partial', 'sampling_probs', 'draw_tokens', 'fixed_point_pick',
+           'tree_children', 'tree_verify', 'tree_step']
 
 # %% ../nbs/03_sampling.ipynb #2171a951
 import importlib
@@ -436,6 +436,33 @@ def sampling_probs(logits: Tensor, temperature: float | Tensor = 1.0, top_k: int
         probs = probs * top_p_mask(probs, tp.to(probs.device))
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+# %% ../nbs/03_sampling.ipynb #7c5481cb
+def draw_tokens(probs: Tensor, is_greedy: Sequence[bool] | Tensor,
+                generators: Sequence[torch.Generator | None]) -> Tensor:
+    "One token per probability row: the argmax where greedy, else a draw; rows sharing a generator draw in one call."
+    if not isinstance(probs, torch.Tensor) or probs.dim() != 2 or not probs.is_floating_point():
+        got = f"{type(probs).__name__} {getattr(probs, 'shape', '')}"
+        raise TypeError(f"probs must be a 2-D floating-point tensor [rows, vocab_size], got {got}")
+    rows = probs.shape[0]
+    greedy = is_greedy.tolist() if isinstance(is_greedy, torch.Tensor) else list(is_greedy)
+    not_bool = [g for g in greedy if not isinstance(g, (bool, np.bool_))]
+    if len(greedy) != rows or not_bool:
+        got = f"a {type(not_bool[0]).__name__}" if not_bool else f"{len(greedy)} entries"
+        raise ValueError(f"is_greedy must hold {rows} bools (one per row of probs), got {got}")
+    if not isinstance(generators, (list, tuple)) or len(generators) != rows:
+        raise ValueError(f"generators must be a list of {rows} entries (one per row of probs)")
+    for i, gen in enumerate(generators):
+        if gen is not None and not isinstance(gen, torch.Generator):
+            raise TypeError(f"generators[{i}] must be a torch.Generator or None, got {type(gen).__name__}")
+    tokens = probs.argmax(-1)
+    groups = {}
+    for i, (greedy_row, gen) in enumerate(zip(greedy, generators)):
+        if not greedy_row:                             # greedy rows never touch a generator
+            groups.setdefault(id(gen), (gen, []))[1].append(i)
+    for gen, members in groups.values():               # one multinomial call per generator, its rows in row order
+        tokens[members] = torch.multinomial(probs[members], 1, generator=gen)[:, 0]
+    return tokens
 
 # %% ../nbs/03_sampling.ipynb #fa6744bc
 def fixed_point_pick(prob: Tensor, u: float) -> int:

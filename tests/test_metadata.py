@@ -6,12 +6,16 @@ Hypothesis draws ragged batches: 1 to 12 requests, 0 to 7 drafts each (token ids
 """
 import copy
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from speclab.metadata import SpecDecodeMetadata, draft_tokens_from_inputs, expand_batch_to_tokens
-from speclab.sampling import PLACEHOLDER_TOKEN_ID, cu_num_draft_tokens, rejection_sample
+from speclab.metadata import (SamplingMetadata, SpecDecodeMetadata, draft_tokens_from_inputs, expand_batch_to_tokens,
+                              rejection_sampler)
+from speclab.proof import LEVEL, chi_square_gof, detectable_tv
+from speclab.sampling import (PLACEHOLDER_TOKEN_ID, cu_num_draft_tokens, draw_tokens, rejection_sample,
+                              sampling_probs)
 
 
 @st.composite
@@ -162,3 +166,289 @@ def test_bad_input_helpers():
         expand_batch_to_tokens(x, torch.tensor([1, 3]), 3, replace_from=0.0)
     with pytest.raises(ValueError, match="x must"):
         expand_batch_to_tokens([1.0, 2.0], torch.tensor([1, 3]), 3)
+
+
+# --- the sampler entry point: SamplingMetadata + rejection_sampler ------------------------------------------------------
+
+def settings_for(B, data, greedy=None):
+    "Random per-request settings of a batch of B; `greedy` forces every temperature to 0 (True) or above 0 (False)."
+    temps = [0.0, 0.5, 0.8, 1.0, 1.3] if greedy is None else ([0.0] if greedy else [0.5, 0.8, 1.0, 1.3])
+    temperature = data.draw(st.lists(st.sampled_from(temps), min_size=B, max_size=B))
+    top_k = data.draw(st.lists(st.sampled_from([0, 1, 3, 10]), min_size=B, max_size=B))
+    top_p = data.draw(st.lists(st.sampled_from([1.0, 0.9, 0.6]), min_size=B, max_size=B))
+    share = data.draw(st.lists(st.integers(0, 2), min_size=B, max_size=B))   # 0 and 1: shared generators, 2: own
+
+    def make(seed):
+        "Fresh generators with the drawn sharing pattern, seeded from `seed`."
+        pool = [torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)]
+        gens = [pool[s] if s < 2 else torch.Generator().manual_seed(seed + 2 + b) for b, s in enumerate(share)]
+        return SamplingMetadata.from_lists(temperature, top_k, top_p, gens)
+    return make
+
+
+def manual_step(md, logits, draft_probs, sampling, backend="torch"):
+    "The composition `rejection_sampler` replaces: expand the settings, transform, draw the bonus, verify."
+    rows = len(md.logits_indices)
+    cu = md.cu_num_sampled_tokens
+    probs = sampling_probs(logits, expand_batch_to_tokens(sampling.temperature, cu, rows),
+                           expand_batch_to_tokens(sampling.top_k, cu, rows),
+                           expand_batch_to_tokens(sampling.top_p, cu, rows))
+    bonus = draw_tokens(probs[md.bonus_logits_indices], sampling.is_greedy, sampling.generators)
+    out = rejection_sample(md.draft_token_ids, md.num_draft_tokens, draft_probs, probs[md.target_logits_indices],
+                           bonus, is_greedy=sampling.is_greedy, generators=sampling.generators, backend=backend)
+    return out, bonus
+
+
+def greedy_by_hand(md, logits):
+    "Greedy verification one request at a time: each draft row's argmax until a mismatch, else the bonus row's."
+    argmax = logits.argmax(-1).tolist()
+    drafts = md.draft_token_ids.tolist()
+    outs, row, first = [], 0, 0
+    for n_b in md.num_draft_tokens:
+        emitted = []
+        for i in range(n_b):
+            emitted.append(argmax[row + i])
+            if drafts[first + i] != argmax[row + i]:
+                break
+        else:
+            emitted.append(argmax[row + n_b])
+        outs.append(emitted + [PLACEHOLDER_TOKEN_ID] * (md.max_spec_len + 1 - len(emitted)))
+        row += n_b + 1
+        first += n_b
+    return torch.tensor(outs)
+
+
+def step_inputs(batch, seed, V=16, agree=0.5):
+    "Metadata over drafts in [0, V), logits [N + B, V] whose argmax equals the draft at about `agree` of the rows, q."
+    drafts, cu_arg, _ = batch
+    drafts = [[t % V for t in d] for d in drafts]
+    md = SpecDecodeMetadata.from_drafts(drafts, cu_arg)
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(len(md.logits_indices), V, generator=g) * 2
+    boost = torch.rand(len(md.draft_token_ids), generator=g) < agree
+    logits[md.target_logits_indices[boost], md.draft_token_ids[boost]] += 10.0
+    q = torch.softmax(torch.randn(len(md.draft_token_ids), V, generator=g) * 2, -1)
+    return md, logits, q
+
+
+def states(sampling):
+    return [g.get_state() for g in sampling.generators]
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches(), st.integers(0, 2**31 - 1), st.booleans(), st.data())
+def test_sampler_equals_manual_composition(batch, seed, use_q, data):
+    "A mixed batch: the sampler's tokens and generator states equal the hand-written sequence with the same seeds."
+    md, logits, q = step_inputs(batch, seed)
+    make = settings_for(len(md.num_draft_tokens), data)
+    a, b = make(seed), make(seed)
+    out = rejection_sampler(md, logits, q if use_q else None, a)
+    expected, bonus = manual_step(md, logits, q if use_q else None, b)
+    assert torch.equal(out, expected)
+    assert all(torch.equal(x, y) for x, y in zip(states(a), states(b)))
+    assert out.shape == (len(md.num_draft_tokens), md.max_spec_len + 1)
+    for r in (r for r, n in enumerate(md.num_draft_tokens) if n == 0):   # no drafts: just the bonus
+        assert out[r].tolist() == [int(bonus[r])] + [PLACEHOLDER_TOKEN_ID] * md.max_spec_len
+    greedy_rows = a.is_greedy
+    if greedy_rows.any():                                               # greedy requests: greedy verification
+        assert torch.equal(out[greedy_rows], greedy_by_hand(md, logits)[greedy_rows])
+    for gen, fresh in zip(a.generators, make(seed).generators):         # a generator only greedy requests use:
+        users = [r for r, other in enumerate(a.generators) if other is gen]
+        if bool(greedy_rows[users].all()):                              # never advanced
+            assert torch.equal(gen.get_state(), fresh.get_state())
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches(), st.integers(0, 2**31 - 1), st.data())
+def test_all_greedy_early_return(batch, seed, data):
+    "Every request greedy: argmax-based greedy verification, equal to the long way, and no generator moves."
+    md, logits, q = step_inputs(batch, seed)
+    make = settings_for(len(md.num_draft_tokens), data, greedy=True)
+    sampling = make(seed)
+    assert sampling.all_greedy
+    before = states(sampling)
+    out = rejection_sampler(md, logits, q, sampling)
+    assert torch.equal(out, greedy_by_hand(md, logits))
+    assert all(torch.equal(x, y) for x, y in zip(states(sampling), before))
+    assert torch.equal(out, manual_step(md, logits, q, make(seed))[0])
+
+
+def test_no_drafts_emit_their_bonus():
+    "A step in which nobody drafted is a plain decoding step: one token per request, drawn from its row."
+    md = SpecDecodeMetadata.from_drafts([[], [], []], [5, 6, 20])
+    logits = torch.randn(3, 10, generator=torch.Generator().manual_seed(0))
+    make = lambda: SamplingMetadata.from_lists([0.0, 1.0, 0.7], [0, 0, 3], [1.0, 0.9, 1.0],
+                                               [torch.Generator().manual_seed(s) for s in (1, 2, 3)])
+    out = rejection_sampler(md, logits, None, make())
+    ref = make()
+    probs = sampling_probs(logits, ref.temperature, ref.top_k, ref.top_p)
+    assert out.shape == (3, 1)
+    assert torch.equal(out[:, 0], draw_tokens(probs, ref.is_greedy, ref.generators))
+    assert out[0, 0] == logits[0].argmax()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("greedy", [None, True])
+def test_triton_backend_agrees(seed, greedy):
+    "The Triton backend (Chapter 4, interpreted on a CPU) emits the torch backend's tokens from the same seeds."
+    drafts = [[1, 2, 3], [], [4, 5], [6], [7, 8, 9, 10]]
+    md, logits, q = step_inputs((drafts, None, None), seed)
+    temperature = [0.0] * 5 if greedy else [0.0, 0.8, 1.0, 0.6, 1.2]
+    make = lambda: SamplingMetadata.from_lists(temperature, [0, 0, 5, 0, 3], [1.0, 0.9, 1.0, 1.0, 0.8],
+                                               [torch.Generator().manual_seed(seed + b % 2) for b in range(5)])
+    for dp in (q, None):
+        assert torch.equal(rejection_sampler(md, logits, dp, make(), backend="triton"),
+                           rejection_sampler(md, logits, dp, make()))
+
+
+# The law. Five requests with drafts [2, 0, 3, 1, 2] over V = 8, each with its own settings (request 4 greedy), fixed
+# target logits and draft rows q (70% the target's law, 30% noise), repeated as R = 40,000 independent requests of each
+# kind in one batch, drafts drawn from q afresh for each. Target rows do not depend on the drafts, so the token a request
+# emits at position j (when it gets that far) must follow its j-th sampled row's law: target row j, or the bonus row at
+# j = n_b. The law is computed here in float64 numpy, independently of Chapter 3. Each of the 10 positions of requests
+# 0 to 3 is tested with Pearson's chi-square at level LEVEL = 1e-3. Position 0 of every request has R draws (power:
+# flags TV >= detectable_tv(40000, 8) ~ 0.019 with probability 0.999), every other position at least R / 2 (asserted:
+# flags TV >= 0.03). Any mix-up of rows (a bonus drawn from a target row) or of settings (a row read with another
+# request's temperature, top-k and top-p) moves a tested law by more than 0.05, which is asserted too, so such a bug is
+# flagged with probability >= 0.999. Request 4 (greedy) must equal greedy verification in every trial.
+LAW_DRAFTS = [2, 0, 3, 1, 2]
+LAW_SETTINGS = ([0.7, 1.5, 1.0, 0.5, 0.0], [4, 0, 0, 3, 0], [1.0, 0.75, 1.0, 0.9, 1.0])
+
+
+def reference_law(logits, temperature, top_k, top_p):
+    "One row's law in float64 numpy: temperature, top-k on the logits, softmax, then the smallest nucleus >= top_p."
+    z = np.asarray(logits, np.float64)
+    if temperature == 0:
+        return np.eye(len(z))[np.argmax(z)]
+    z = z / temperature
+    if 0 < top_k < len(z):
+        z = np.where(z >= np.sort(z)[-top_k], z, -np.inf)
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    if top_p < 1:
+        order = np.argsort(-p)
+        before = np.cumsum(p[order]) - p[order]
+        keep = np.zeros(len(p), bool)
+        keep[order[before < top_p]] = True
+        p = np.where(keep, p, 0.0) / p[keep].sum()
+    return p
+
+
+@pytest.mark.slow
+def test_sampler_emits_the_target_law():
+    V, R, B = 8, 40_000, len(LAW_DRAFTS)
+    g = torch.Generator().manual_seed(17)
+    one = SpecDecodeMetadata.from_drafts([[0] * n for n in LAW_DRAFTS])
+    rows = len(one.logits_indices)
+    base_logits = torch.randn(rows, V, generator=g) * 1.5
+    owner = torch.repeat_interleave(torch.arange(B), torch.tensor(LAW_DRAFTS) + 1).tolist()
+    laws = [reference_law(base_logits[j], *(s[owner[j]] for s in LAW_SETTINGS)) for j in range(rows)]
+    noise = torch.softmax(torch.randn(sum(LAW_DRAFTS), V, generator=g) * 1.5, -1)
+    q = 0.7 * torch.tensor(np.stack(laws))[one.target_logits_indices].float() + 0.3 * noise   # a decent draft
+    drafts = torch.multinomial(q.repeat(R, 1), 1, generator=g)[:, 0].view(R, -1).tolist()
+    cu = np.cumsum([0] + LAW_DRAFTS)
+    md = SpecDecodeMetadata.from_drafts([trial[cu[b]:cu[b + 1]] for trial in drafts for b in range(B)])
+    gen = torch.Generator().manual_seed(18)
+    sampling = SamplingMetadata.from_lists(*(s * R for s in LAW_SETTINGS), [gen] * (B * R))
+    out = rejection_sampler(md, base_logits.repeat(R, 1), q.repeat(R, 1), sampling)
+    out = out.view(R, B, -1)
+    ref = sampling_probs(base_logits, *(expand_batch_to_tokens(torch.tensor(s), one.cu_num_sampled_tokens, rows)
+                                        for s in LAW_SETTINGS))
+    assert np.allclose(ref.double().numpy(), np.stack(laws), atol=1e-6)     # the reference agrees with Chapter 3
+    # request 4 is greedy: greedy verification of its drafts on the argmax rows, every trial
+    am = base_logits.argmax(-1)
+    g_rows = [j for j in range(rows) if owner[j] == 4]
+    d4 = torch.tensor(drafts)[:, cu[4]:cu[5]]
+    expect = torch.full((R, out.shape[2]), PLACEHOLDER_TOKEN_ID)
+    alive = torch.ones(R, dtype=torch.bool)
+    for i, j in enumerate(g_rows):
+        expect[alive, i] = am[j]
+        if i < LAW_DRAFTS[4]:
+            alive &= d4[:, i] == am[j]
+    assert torch.equal(out[:, 4], expect)
+    pvals, counts, tested = [], [], []
+    for j in range(rows):
+        b = owner[j]
+        if b == 4:
+            continue
+        pos = j - (int(one.cu_num_sampled_tokens[b]) - LAW_DRAFTS[b] - 1)
+        tokens = out[:, b, pos]
+        tokens = tokens[tokens != PLACEHOLDER_TOKEN_ID]
+        counts.append(len(tokens))
+        pvals.append(chi_square_gof(torch.bincount(tokens, minlength=V).numpy(), laws[j])[1])
+        tested.append(j)
+    assert min(counts) >= R // 2 and detectable_tv(R, V) < 0.02 and detectable_tv(min(counts), V) < 0.03
+    row_mixups = [0.5 * np.abs(laws[i] - laws[j]).sum() for i in tested for j in range(rows) if j != i]
+    setting_mixups = [0.5 * np.abs(laws[j] - reference_law(base_logits[j], *(s[b] for s in LAW_SETTINGS))).sum()
+                      for j in tested for b in range(B) if b != owner[j]]
+    assert min(row_mixups + setting_mixups) > 0.05, "two laws are too close for this test to tell apart"
+    assert min(pvals) > LEVEL, pvals
+
+
+BAD_SAMPLER = [
+    (lambda md, lg, q, s: (md, lg[:-1], q, s), ValueError, "logits must have N \\+ B"),
+    (lambda md, lg, q, s: (md, lg.long(), q, s), TypeError, "logits"),
+    (lambda md, lg, q, s: (md, lg[None], q, s), TypeError, "logits"),
+    (lambda md, lg, q, s: (md, lg.index_fill(1, torch.tensor([0]), float("nan")), q, s), ValueError, "NaN"),
+    (lambda md, lg, q, s: (md, lg, q[:, :4].softmax(-1), s), ValueError, "draft_probs"),
+    (lambda md, lg, q, s: (md, lg, q[1:], s), ValueError, "draft_probs"),
+    (lambda md, lg, q, s: (md, lg, q * 2, s), ValueError, "draft_probs"),
+    (lambda md, lg, q, s: (md, lg[:, :3], None, s), ValueError, "draft_token_ids"),
+    (lambda md, lg, q, s: (md, lg, q, SamplingMetadata.from_lists([1.0], [0], [1.0], [None])), ValueError,
+     "sampling holds"),
+    (lambda md, lg, q, s: (md, lg, q, [1.0, 1.0, 1.0]), TypeError, "sampling must"),
+    (lambda md, lg, q, s: (md.draft_token_ids, lg, q, s), TypeError, "metadata must"),
+]
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+@pytest.mark.parametrize("bad,error,match", BAD_SAMPLER)
+def test_sampler_bad_input(bad, error, match, greedy):
+    "Every bad call raises, naming the argument, before any generator moves (on both the greedy and the long path)."
+    md, logits, q = step_inputs(([[1, 2], [], [3]], None, None), 0)
+    gens = [torch.Generator().manual_seed(s) for s in range(3)]
+    sampling = SamplingMetadata.from_lists([0.0 if greedy else 1.0, 0.0 if greedy else 0.7, 0.0], [0, 0, 0],
+                                           [1.0, 1.0, 1.0], gens)
+    before = states(sampling)
+    with pytest.raises(error, match=match):
+        rejection_sampler(*bad(md, logits, q, sampling))
+    assert all(torch.equal(x, y) for x, y in zip(states(sampling), before))
+    with pytest.raises(ValueError, match="backend"):
+        rejection_sampler(md, logits, q, sampling, backend="cuda")
+
+
+BAD_SETTINGS = [
+    (([1.0, -0.5], [0, 0], [1.0, 1.0], [None, None]), ValueError, "temperature\\[1\\]"),
+    (([1.0, float("inf")], [0, 0], [1.0, 1.0], [None, None]), ValueError, "temperature"),
+    (([1.0], [-1], [1.0], [None]), ValueError, "top_k\\[0\\]"),
+    (([1.0], [2.5], [1.0], [None]), TypeError, "top_k"),
+    (([1.0], [0], [0.0], [None]), ValueError, "top_p\\[0\\]"),
+    (([1.0], [0], [1.5], [None]), ValueError, "top_p"),
+    (([1.0, 1.0], [0, 0], [1.0], [None, None]), ValueError, "top_p"),
+    (([1.0, 1.0], [0], [1.0, 1.0], [None, None]), ValueError, "top_k"),
+    (([1.0, 1.0], [0, 0], [1.0, 1.0], [None]), ValueError, "generators"),
+    (([1.0], [0], [1.0], [3]), TypeError, "generators\\[0\\]"),
+    (([1.0], [0], [1.0], None), ValueError, "generators"),
+    (([], [], [], []), ValueError, "temperature"),
+    (("hot", [0], [1.0], [None]), TypeError, "temperature"),
+    (([True], [0], [1.0], [None]), TypeError, "temperature"),
+]
+
+
+@pytest.mark.parametrize("args,error,match", BAD_SETTINGS)
+def test_sampling_metadata_bad_input(args, error, match):
+    with pytest.raises(error, match=match):
+        SamplingMetadata.from_lists(*args)
+
+
+def test_sampling_metadata_fields():
+    gen = torch.Generator()
+    sm = SamplingMetadata(torch.tensor([0.0, 0.7], dtype=torch.float32), torch.tensor([0, 3], dtype=torch.int32),
+                          torch.tensor([1.0, 0.9], dtype=torch.float32), (gen, gen))
+    assert (sm.temperature.dtype, sm.top_k.dtype, sm.top_p.dtype) == (torch.float64, torch.int64, torch.float64)
+    assert sm.is_greedy.tolist() == [True, False] and sm.all_greedy is False and sm.generators == [gen, gen]
+    assert SamplingMetadata.from_lists([0.0, 0], [0, 0], [1.0, 1], [None, None]).all_greedy is True
+    with pytest.raises(TypeError, match="temperature"):
+        SamplingMetadata([0.5], torch.tensor([0]), torch.tensor([1.0]), [None])
+    with pytest.raises(TypeError, match="top_p"):
+        SamplingMetadata(torch.tensor([0.5]), torch.tensor([0]), torch.tensor([1]), [None])

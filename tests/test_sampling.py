@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from speclab.proof import LEVEL, chi_square_gof, detectable_tv
-from speclab.sampling import (chain_sample, cu_num_draft_tokens, generate_exponentials, generate_residual_coins,
-                              generate_uniform_probs, random_sample, recovered_exponential, recovered_inverse_cdf,
-                              rejection_sample, sampling_probs)
+from speclab.sampling import (chain_sample, cu_num_draft_tokens, draw_tokens, generate_exponentials,
+                              generate_residual_coins, generate_uniform_probs, random_sample, recovered_exponential,
+                              recovered_inverse_cdf, rejection_sample, sampling_probs)
 
 PATHS = [("standard", "exponential"), ("standard", "inverse_cdf"), ("block", "exponential")]
 
@@ -289,3 +289,79 @@ def test_distribution_triton(method, recovery):
     text = generate_text(sampler(method, recovery, backend="triton"), P, Q, 3, trials, True, seed=13)
     assert detectable_tv(trials, V) < 0.12
     assert min(position_tests(text, P)) > LEVEL
+
+
+# --- draw_tokens: one token per row (the bonus draw) -----------------------------------------------------------------
+
+def _draw_case(rows=9, V=12, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    probs = torch.softmax(torch.randn(rows, V, generator=g) * 2, -1)
+    greedy = (torch.rand(rows, generator=g) < 0.3).tolist()
+    share = torch.randint(0, 3, (rows,), generator=g).tolist()   # which of three generators each row uses
+    return probs, greedy, share
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_draw_tokens_one_call_per_generator(seed):
+    "Rows sharing a generator draw as one multinomial call over them in row order; greedy rows take the argmax."
+    probs, greedy, share = _draw_case(seed=seed)
+    pool = [torch.Generator().manual_seed(100 + k) for k in range(3)]
+    tokens = draw_tokens(probs, greedy, [pool[k] for k in share])
+    ref = probs.argmax(-1)
+    for k in range(3):
+        rows = [i for i, (gr, s) in enumerate(zip(greedy, share)) if s == k and not gr]
+        if rows:
+            ref[rows] = torch.multinomial(probs[rows], 1, generator=torch.Generator().manual_seed(100 + k))[:, 0]
+    assert torch.equal(tokens, ref)
+    again = [torch.Generator().manual_seed(100 + k) for k in range(3)]
+    assert torch.equal(draw_tokens(probs, torch.tensor(greedy), [again[k] for k in share]), tokens)   # a bool tensor
+
+
+def test_draw_tokens_greedy_rows_touch_no_generator():
+    probs, greedy, share = _draw_case()
+    gens = [torch.Generator().manual_seed(k) for k in range(len(greedy))]
+    before = [g.get_state() for g in gens]
+    assert torch.equal(draw_tokens(probs, [True] * len(gens), gens), probs.argmax(-1))
+    assert all(torch.equal(g.get_state(), b) for g, b in zip(gens, before))
+    # a greedy row in the batch does not change what the random rows sharing its generator draw
+    mixed = draw_tokens(probs[:4], [False, True, False, False], [torch.Generator().manual_seed(1)] * 4)
+    alone = draw_tokens(probs[[0, 2, 3]], [False] * 3, [torch.Generator().manual_seed(1)] * 3)
+    assert torch.equal(mixed[[0, 2, 3]], alone) and mixed[1] == probs[1].argmax()
+
+
+def test_draw_tokens_seeded_reproducible():
+    "Same generator states, same tokens; a row with its own generator draws the same alone and in any batch."
+    probs, greedy, share = _draw_case(rows=6)
+    greedy = [False] * 6
+    make = lambda: [torch.Generator().manual_seed(7)] + [torch.Generator().manual_seed(3)] * 5
+    first = draw_tokens(probs, greedy, make())
+    assert all(torch.equal(draw_tokens(probs, greedy, make()), first) for _ in range(5))
+    alone = draw_tokens(probs[:1], [False], [torch.Generator().manual_seed(7)])
+    order = [3, 1, 0, 5]
+    shuffled = draw_tokens(probs[order], [False] * 4, [torch.Generator().manual_seed(9)] * 2 +
+                           [torch.Generator().manual_seed(7), torch.Generator().manual_seed(9)])
+    assert first[0] == alone[0] == shuffled[2]
+
+
+def test_draw_tokens_law():
+    """200,000 rows of one law over V = 8, all sharing one generator, tested with chi-square at level LEVEL
+    (power: flags TV >= detectable_tv(200000, 8) ~ 0.009)."""
+    V, n = 8, 200_000
+    p = torch.softmax(torch.randn(V, generator=torch.Generator().manual_seed(4)), 0)
+    tokens = draw_tokens(p.expand(n, -1), [False] * n, [torch.Generator().manual_seed(5)] * n)
+    assert detectable_tv(n, V) < 0.01
+    assert chi_square_gof(torch.bincount(tokens, minlength=V).numpy(), p.double().numpy())[1] > LEVEL
+
+
+@pytest.mark.parametrize("args,error,match", [
+    ((torch.ones(3) / 3, [False], [None]), TypeError, "probs"),
+    ((torch.ones(2, 3, dtype=torch.long), [False] * 2, [None] * 2), TypeError, "probs"),
+    ((torch.ones(2, 3) / 3, [False], [None] * 2), ValueError, "is_greedy"),
+    ((torch.ones(2, 3) / 3, [0, 1], [None] * 2), ValueError, "is_greedy"),
+    ((torch.ones(2, 3) / 3, [False] * 2, [None]), ValueError, "generators"),
+    ((torch.ones(2, 3) / 3, [False] * 2, None), ValueError, "generators"),
+    ((torch.ones(2, 3) / 3, [False] * 2, [None, 5]), TypeError, "generators\\[1\\]"),
+])
+def test_draw_tokens_bad_input(args, error, match):
+    with pytest.raises(error, match=match):
+        draw_tokens(*args)
