@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['CORPUS_SKIP', 'HELDOUT_EVERY', 'EOS', 'HELDOUT_IDS', 'corpus_files', 'is_heldout', 'read_corpus', 'train_tokenizer',
-           'save_tokenizer', 'encode_texts', 'causal_logits', 'pair_args', 'init_model', 'get_batch', 'lr_at',
-           'distill_loss', 'eval_loss', 'train', 'hf_config', 'save_hf', 'rounded', 'greedy_acceptance',
+           'save_tokenizer', 'encode_texts', 'causal_attend', 'causal_logits', 'pair_args', 'init_model', 'get_batch',
+           'lr_at', 'distill_loss', 'eval_loss', 'train', 'hf_config', 'save_hf', 'rounded', 'greedy_acceptance',
            'decode_step_seconds', 'tiny_pair_path', 'cut_prompts', 'heldout_prompts', 'shipped_heldout_ids',
            'eval_prompts', 'main']
 
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .model import Llama, LlamaArgs, KVCache, forward, rope_cos_sin, apply_rope, mlp
+from .model import Llama, LlamaArgs, KVCache, decoder_layer, forward, hf_state_dict, rope_cos_sin
 
 # %% ../nbs/07b_train.ipynb #43ae138b
 CORPUS_SKIP = ("test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "pydoc_data", "encodings",
@@ -90,38 +90,39 @@ def encode_texts(tok: Any, texts: Sequence[str]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.int32)
 
 # %% ../nbs/07b_train.ipynb #6302132c
+def causal_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    "Training's attention: each position of a window [B, T, heads, head_dim] attends causally within the window."
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                       enable_gqa=True)
+    return o.transpose(1, 2)
+
 def causal_logits(model: Llama, tokens: torch.Tensor) -> torch.Tensor:
     "Logits [B, T, V] of a whole sequence at once (teacher forcing, no cache): the training-time forward."
-    a, (B, T) = model.args, tokens.shape
     x = model.model.embed_tokens(tokens)
-    cos, sin = rope_cos_sin(model.inv_freq, torch.arange(T, device=tokens.device)[None].expand(B, T), x.dtype)
+    cos, sin = rope_cos_sin(model.inv_freq, torch.arange(tokens.shape[1], device=tokens.device), x.dtype)
     for layer in model.model.layers:
-        h, at = layer.input_layernorm(x), layer.self_attn
-        q = at.q_proj(h).view(B, T, a.num_heads, a.head_dim).transpose(1, 2)
-        k = at.k_proj(h).view(B, T, a.num_kv_heads, a.head_dim).transpose(1, 2)
-        v = at.v_proj(h).view(B, T, a.num_kv_heads, a.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        x = x + at.o_proj(o.transpose(1, 2).reshape(B, T, -1))
-        x = x + mlp(layer, layer.post_attention_layernorm(x))
+        x = decoder_layer(layer, x, cos, sin, causal_attend, model.args)
     return model.model.norm(x) @ model.head_weight.T
 
 # %% ../nbs/07b_train.ipynb #1d348deb
 def pair_args(vocab_size: int = 4096) -> tuple[LlamaArgs, LlamaArgs]:
     "The shipped sizes: a 12-layer target of width 256 and a 2-layer draft of width 192 (tied embeddings)."
-    target = LlamaArgs(vocab_size, 256, 768, 12, 4, 2, 64, tied_embeddings=True)
-    draft = LlamaArgs(vocab_size, 192, 512, 2, 3, 1, 64, tied_embeddings=True)
+    target = LlamaArgs(name="tiny-target", vocab_size=vocab_size, hidden_size=256, intermediate_size=768,
+                       num_layers=12, num_heads=4, num_kv_heads=2, head_dim=64, tied_embeddings=True)
+    draft = LlamaArgs(name="tiny-draft", vocab_size=vocab_size, hidden_size=192, intermediate_size=512,
+                      num_layers=2, num_heads=3, num_kv_heads=1, head_dim=64, tied_embeddings=True)
     return target, draft
 
 def init_model(args: LlamaArgs, seed: int) -> Llama:
     "A Llama with GPT-2 style init: N(0, 0.02), residual output projections scaled by 1/sqrt(2 * layers)."
     torch.manual_seed(seed)
     model = Llama(args)
-    for name, p in model.named_parameters():
-        if p.dim() == 2:
-            residual_out = name.endswith(("o_proj.weight", "down_proj.weight"))
-            std = 0.02 / math.sqrt(2 * args.num_layers) if residual_out else 0.02
-            torch.nn.init.normal_(p, std=std)
+    with torch.no_grad():
+        for name, w in hf_state_dict(model).items():   # Hugging Face's matrices, in a checkpoint's order
+            if w.dim() == 2:
+                residual_out = name.endswith(("o_proj.weight", "down_proj.weight"))
+                std = 0.02 / math.sqrt(2 * args.num_layers) if residual_out else 0.02
+                w.copy_(torch.empty_like(w).normal_(0.0, std))    # drawn whole, then copied into its slice
     return model
 
 def get_batch(data: torch.Tensor, step: int, seed: int, batch_size: int, seq_len: int) -> torch.Tensor:
@@ -223,7 +224,7 @@ def save_hf(model: Llama, folder: str | Path, max_len: int, dtype: torch.dtype =
     from safetensors.torch import save_file
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    sd = {k: v.detach().to(dtype=dtype, copy=True) for k, v in hf_state_dict(model).items()}  # no shared storage
     save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
     config = hf_config(model.args, max_len, str(dtype).removeprefix("torch."))
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")

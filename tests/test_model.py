@@ -1,11 +1,17 @@
-"""speclab.model: parity with transformers.LlamaForCausalLM over many tiny configs, batching, sharded loading, errors."""
+"""speclab.model: parity with transformers.LlamaForCausalLM over many tiny configs, batching, sharded loading, errors;
+the fused projections and their Hugging Face names; the paged forward against the contiguous one and a windowed
+reference (block sizes, head layouts, freed blocks, slot writes, bad input)."""
 import json
 
 import pytest
 import torch
 
-from speclab.model import KVCache, forward, load_model
-from speclab.testing import parity_error, tiny_hf_checkpoint
+from speclab.kv import FREED
+from speclab.model import (KVCache, Llama, LlamaArgs, forward, forward_paged, hf_state_dict, load_model,
+                           load_state_dict, pack_state_dict, paged_batch, paged_cache)
+from speclab.roofline import ModelSpec
+from speclab.testing import (cached_walk, paged_walk, parity_error, ragged_feeds, reference_logits,
+                             tiny_hf_checkpoint)
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 8}
@@ -102,3 +108,177 @@ def test_dtypes(tmp_path, dtype):
     assert out.dtype == dtype
     tol = 1e-4 if dtype == torch.float64 else 0.1
     assert (out[0].float() - hf(seq[None]).logits[0]).abs().max() < tol
+
+
+# --- LlamaArgs is a ModelSpec; fused projections; the paged forward --------------------------------------------
+
+def test_llama_args_is_a_model_spec(tmp_path):
+    tiny_hf_checkpoint(tmp_path, seed=0)
+    model = load_model(tmp_path)
+    spec = ModelSpec.load(tmp_path)
+    assert isinstance(model.args, ModelSpec) and model.args.name == tmp_path.name
+    assert model.args.bytes_per_step("bf16") == spec.bytes_per_step("bf16")
+    assert model.args.kv_bytes_per_token("fp32") == spec.kv_bytes_per_token("fp32")
+    assert LlamaArgs.load(tmp_path).max_position_embeddings == 128       # ModelSpec.load builds the subclass too
+
+
+def test_hf_state_dict_gives_back_the_checkpoint(tmp_path):
+    tiny_hf_checkpoint(tmp_path, seed=2, num_key_value_heads=1, attention_bias=True, mlp_bias=True)
+    model = load_model(tmp_path)
+    ours, stored = hf_state_dict(model), load_state_dict(tmp_path)
+    assert set(ours) == set(stored)
+    assert all(torch.equal(ours[k], stored[k]) for k in ours)
+    assert "model.layers.0.self_attn.qkv_proj.bias" in model.state_dict()
+    packed = pack_state_dict(stored)
+    assert all(torch.equal(packed[k], v) for k, v in model.state_dict().items())
+
+
+def _random_llama(kv_heads, tied, seed, heads=4, layers=2, context=None):
+    torch.manual_seed(seed)
+    args = LlamaArgs(name="t", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=layers,
+                     num_heads=heads, num_kv_heads=kv_heads, head_dim=8, tied_embeddings=tied,
+                     max_position_embeddings=context)
+    model = Llama(args)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)   # larger than the default init: attention far from uniform, so masks matter
+    return model.double().eval()
+
+
+@pytest.mark.parametrize("kv_heads,tied", [(4, False), (2, True), (2, False), (1, True)])   # MHA, GQA, MQA
+@pytest.mark.parametrize("block_size", [1, 3, 16])
+def test_paged_forward_matches_contiguous(kv_heads, tied, block_size):
+    model = _random_llama(kv_heads, tied, seed=kv_heads + 10 * block_size)
+    g = torch.Generator().manual_seed(block_size)
+    seqs = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (17, 5, 11, 1)]
+    for seed in range(2):
+        feeds = ragged_feeds([len(s) for s in seqs], seed=seed)
+        ref = cached_walk(model, seqs, feeds)
+        got, tables = paged_walk(model, seqs, feeds, block_size=block_size, seed=seed)
+        assert max(float((a - b).abs().max()) for a, b in zip(got, ref)) < 1e-10
+        flat = [b for t in tables for b in t]
+        assert sorted(flat) == list(range(len(flat)))                  # every block handed out once, shuffled
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 4])
+@pytest.mark.parametrize("window", [1, 2, 5, 8])
+def test_paged_sliding_window_never_reads_freed_blocks(block_size, window):
+    model = _random_llama(2, False, seed=window)
+    g = torch.Generator().manual_seed(window * block_size)
+    seqs = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (23, 12, 6)]
+    feeds = ragged_feeds([len(s) for s in seqs], seed=block_size)
+    got, tables = paged_walk(model, seqs, feeds, block_size=block_size, sliding_window=window, seed=1)
+    if (len(seqs[0]) - window + 1) // block_size > 0:
+        assert FREED in tables[0]
+    for logits, s in zip(got, seqs):
+        assert torch.isfinite(logits).all()
+        assert (logits - reference_logits(model, s, sliding_window=window)).abs().max() < 1e-10
+    if window < len(seqs[0]):
+        unwindowed = reference_logits(model, seqs[0])
+        assert (unwindowed[window:] - got[0][window:]).abs().max() > 1e-3   # the window changed the answer
+
+
+def test_reference_logits_match_transformers(tmp_path):
+    hf = tiny_hf_checkpoint(tmp_path, seed=6)
+    model = load_model(tmp_path)
+    seq = torch.randint(0, 64, (14,))
+    assert (reference_logits(model, seq) - hf(seq[None]).logits[0]).abs().max() < 1e-4
+
+
+def test_paged_forward_matches_transformers_on_a_checkpoint(tmp_path):
+    hf = tiny_hf_checkpoint(tmp_path, seed=7, tie_word_embeddings=True)
+    model = load_model(tmp_path)
+    seqs = [torch.randint(0, 64, (n,)).tolist() for n in (12, 7)]
+    refs = [hf(torch.tensor([s])).logits[0] for s in seqs]
+    cache = paged_cache(model.args, num_blocks=8, block_size=4)
+    tables = [[7, 2, 5], [0, 6]]
+    first = paged_batch([seqs[0][:9], seqs[1][:2]], [0, 0], tables, 4)
+    out = forward_paged(model, cache, first).split(first.query_lens)
+    assert (out[0] - refs[0][:9]).abs().max() < 1e-4 and (out[1] - refs[1][:2]).abs().max() < 1e-4
+    second = paged_batch([seqs[0][9:], seqs[1][2:]], [9, 2], tables, 4)
+    last = forward_paged(model, cache, second, logits_indices=second.last_token_indices)
+    assert (last - torch.stack([refs[0][-1], refs[1][-1]])).abs().max() < 1e-4
+
+
+def test_paged_writes_land_in_their_slots_only():
+    model = _random_llama(2, False, seed=3)
+    cache = paged_cache(model.args, num_blocks=10, block_size=3, dtype=torch.float64)
+    for kv in cache:
+        kv.k.normal_()
+        kv.v.normal_()
+    steps = [([[1, 2, 3, 4], [5]], [0, 0]), ([[6], [7, 8, 9]], [4, 1]), ([[10, 11]], [5])]
+    tables = [[8, 3, 4], [1, 9]]
+    for blocks, starts in steps:
+        live = [0, 1] if len(blocks) == 2 else [0]
+        batch = paged_batch(blocks, starts, [tables[b] for b in live], 3)
+        before = [(kv.k.clone(), kv.v.clone()) for kv in cache]
+        forward_paged(model, cache, batch)
+        for kv, (k0, v0) in zip(cache, before):
+            for new, old in ((kv.k, k0), (kv.v, v0)):
+                rows, old_rows = new.reshape(30, -1), old.reshape(30, -1)
+                changed = (rows != old_rows).any(-1).nonzero().flatten().tolist()
+                assert changed == sorted(batch.slot_mapping.tolist())
+
+
+def test_paged_logits_indices_pick_rows():
+    model = _random_llama(2, True, seed=4)
+    batch = paged_batch([[3, 4, 5], [6], [7, 8]], [0, 0, 0], [[0], [1], [2]], 4)
+
+    def run(rows=None):
+        "A fresh pool each time: the same step, asked for different rows."
+        return forward_paged(model, paged_cache(model.args, 3, 4, torch.float64), batch, logits_indices=rows)
+
+    every, rows = run(), torch.tensor([5, 0, 2, 2])
+    assert (run(rows) - every[rows]).abs().max() < 1e-12   # the same rows (the head's matmul may round differently)
+    empty = run(torch.zeros(0, dtype=torch.int64))
+    assert empty.shape == (0, 64)
+
+
+PAGED_ERRORS = [  # (what is called with the model and its cache, the error, what its message says)
+    (lambda m, c: paged_batch([[1], []], [0, 0], [[0], [1]], 4), ValueError, r"blocks\[1\] is empty"),
+    (lambda m, c: paged_batch([], [], [], 4), ValueError, "at least one request"),
+    (lambda m, c: paged_batch([[1, 2, 3]], [2], [[0]], 4), ValueError, r"block_tables\[0\] holds 1 block"),
+    (lambda m, c: paged_batch([[1]], [0], [[0], [1]], 4), ValueError, "one entry per request"),
+    (lambda m, c: paged_batch([[-1]], [0], [[0]], 4), ValueError, "token ids"),
+    (lambda m, c: paged_batch([[1]], [-2], [[0]], 4), ValueError, r"starts\[0\]"),
+    (lambda m, c: paged_batch([[1]], [0], [[-5]], 4), ValueError, "block ids"),
+    (lambda m, c: paged_batch("ab", [0], [[0]], 4), TypeError, "blocks must be"),
+    (lambda m, c: paged_batch([[1]], [0], [[0]], 4, sliding_window=0), ValueError, "sliding_window"),
+    (lambda m, c: paged_batch([[1]], [5], [[FREED, 0]], 4, sliding_window=3), ValueError, "freed"),
+    (lambda m, c: paged_batch([[1]], [0], [[FREED]], 4), ValueError, "writes position 0"),
+    (lambda m, c: forward_paged(m, c, paged_batch([[64]], [0], [[0]], 4)), ValueError, "token ids"),
+    (lambda m, c: forward_paged(m, c, paged_batch([[1]], [16], [[0, 1, 2, 3, 0]], 4)), ValueError,
+     "max_position_embeddings=16"),
+    (lambda m, c: forward_paged(m, c, paged_batch([[1]], [0], [[6]], 4)), ValueError, "holds 6 blocks"),
+    (lambda m, c: forward_paged(m, c[:1], paged_batch([[1]], [0], [[0]], 4)), ValueError, "list of 2"),
+    (lambda m, c: forward_paged(m, c, paged_batch([[1]], [0], [[0]], 2)), ValueError, "block_size=2"),
+    (lambda m, c: forward_paged(m, c, "batch"), TypeError, "PagedBatch"),
+    (lambda m, c: forward_paged(m, c, paged_batch([[1, 2]], [0], [[0]], 4), logits_indices=torch.tensor([0.0])),
+     TypeError, "logits_indices"),
+    (lambda m, c: forward_paged(m, c, paged_batch([[1, 2]], [0], [[0]], 4), logits_indices=torch.tensor([-1])),
+     ValueError, "logits_indices"),
+    (lambda m, c: paged_cache(m.args, 0, 4), ValueError, "num_blocks"),
+]
+
+
+@pytest.mark.parametrize("call,error,match", PAGED_ERRORS)
+def test_paged_errors_change_nothing(call, error, match):
+    model = _random_llama(2, False, seed=0, context=16)
+    cache = paged_cache(model.args, num_blocks=6, block_size=4, dtype=torch.float64)
+    for kv in cache:
+        kv.k.normal_()
+    before = [kv.k.clone() for kv in cache]
+    with pytest.raises(error, match=match):
+        call(model, cache)
+    assert all(torch.equal(kv.k, k0) for kv, k0 in zip(cache, before))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_paged_forward_on_cuda_matches_cpu():
+    model = _random_llama(2, False, seed=9)
+    seqs = [torch.randint(0, 64, (n,)).tolist() for n in (19, 6, 12)]
+    feeds = ragged_feeds([len(s) for s in seqs], seed=0)
+    ref = cached_walk(model, seqs, feeds)
+    got, _ = paged_walk(model.cuda(), seqs, feeds, block_size=4, sliding_window=None)
+    assert max(float((a.cpu() - b).abs().max()) for a, b in zip(got, ref)) < 1e-8

@@ -126,3 +126,57 @@ def test_train_script_end_to_end_and_resume(tmp_path):
 def test_train_script_bad_arguments(capsys):
     with pytest.raises(SystemExit) as e: main(["--target-steps", "0"])
     assert e.value.code == 2 and "--target-steps must be >= 1" in capsys.readouterr().err
+
+
+def _unfused_init(args, seed):
+    """The recipe the shipped pair was trained from, written out with Hugging Face's separate matrices: build the
+    modules in a checkpoint's order (each nn.Linear's own init draws from the generator), then draw every matrix."""
+    from torch import nn
+    torch.manual_seed(seed)
+    d, hd = args.hidden_size, args.head_dim
+    mods = {"model.embed_tokens": nn.Embedding(args.vocab_size, d)}
+    for i in range(args.num_layers):
+        shapes = {"self_attn.q_proj": (d, args.num_heads * hd), "self_attn.k_proj": (d, args.num_kv_heads * hd),
+                  "self_attn.v_proj": (d, args.num_kv_heads * hd), "self_attn.o_proj": (args.num_heads * hd, d),
+                  "mlp.gate_proj": (d, args.intermediate_size), "mlp.up_proj": (d, args.intermediate_size),
+                  "mlp.down_proj": (args.intermediate_size, d)}
+        for name, (n_in, n_out) in shapes.items():
+            mods[f"model.layers.{i}.{name}"] = nn.Linear(n_in, n_out, bias=False)
+    if not args.tied_embeddings:
+        mods["lm_head"] = nn.Linear(d, args.vocab_size, bias=False)
+    out = {}
+    for name, mod in mods.items():
+        residual_out = name.endswith(("o_proj", "down_proj"))
+        std = 0.02 / math.sqrt(2 * args.num_layers) if residual_out else 0.02
+        out[name + ".weight"] = torch.nn.init.normal_(mod.weight.detach(), std=std)
+    return out
+
+
+@pytest.mark.parametrize("which", ["target", "draft", "toy-untied"])
+def test_init_model_draws_what_the_unfused_recipe_drew(which):
+    "Fusing q/k/v and gate/up changed no initial weight: the shipped pair's training recipe is the same."
+    from speclab.model import LlamaArgs, hf_state_dict
+    from speclab.train import init_model, pair_args
+    target, draft = pair_args()
+    toy = LlamaArgs(name="toy", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=3, num_heads=4,
+                    num_kv_heads=2, head_dim=8, tied_embeddings=False)
+    args, seed = {"target": (target, 0), "draft": (draft, 1), "toy-untied": (toy, 5)}[which]
+    ours = hf_state_dict(init_model(args, seed))
+    ref = _unfused_init(args, seed)
+    matrices = [k for k, v in ours.items() if v.dim() == 2]
+    assert matrices == list(ref)                                       # the same matrices, in the same order
+    assert all(torch.equal(ours[k], ref[k]) for k in matrices)
+
+
+def test_save_hf_writes_hugging_face_tensors(tmp_path):
+    "save_hf splits the fused projections: the folder opens in transformers and computes what the model does."
+    from transformers import AutoModelForCausalLM
+    from speclab.model import LlamaArgs
+    from speclab.train import init_model, save_hf
+    args = LlamaArgs(name="toy", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                     num_kv_heads=1, head_dim=8, tied_embeddings=False)
+    model = init_model(args, 3).eval()
+    save_hf(model, tmp_path, max_len=64, dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    assert "model.layers.0.self_attn.q_proj.weight" in hf.state_dict()
+    assert parity_error(hf, model, torch.randint(0, 300, (20,)), prefill=9) < 1e-4
