@@ -160,8 +160,8 @@ def sampling_params(args: argparse.Namespace, **extra: Any) -> Any:  # a speclab
         raise UsageError(f"speclab {args.command}: error: {FLAGS.get(field, field)} {rest}") from None
 
 def load_decoder(target: str, draft: str | None = None, ngram: int | None = None, kappa: int = 3, dtype: str = "fp32",
-                 device: str = "cpu", backend: str = "torch",
-                 seed: int = 0) -> tuple[Any, Any]:  # (speclab.engine.SpecDecoder, a transformers tokenizer)
+                 device: str = "cpu", backend: str = "torch", seed: int = 0,
+                 prefix_caching: bool = True) -> tuple[Any, Any]:  # (speclab.engine.SpecDecoder, a tokenizer)
     "A SpecDecoder on local checkpoints (draft model, n-gram lookup, or neither) and the target's tokenizer."
     import torch
     from speclab.engine import ModelDrafter, NgramDrafter, SpecDecoder
@@ -172,7 +172,9 @@ def load_decoder(target: str, draft: str | None = None, ngram: int | None = None
     tok = load_tokenizer(target)
     drafter = (ModelDrafter(load_model(draft, dt, device), tokenizer=load_tokenizer(draft)) if draft else
                NgramDrafter(ngram) if ngram else None)
-    return SpecDecoder(load_model(target, dt, device), drafter, tok, kappa=kappa, backend=backend, seed=seed), tok
+    eng = SpecDecoder(load_model(target, dt, device), drafter, tok, kappa=kappa, backend=backend, seed=seed,
+                      enable_prefix_caching=prefix_caching)
+    return eng, tok
 
 def _read_prompts(args) -> list:
     "The prompts of a `generate` command line (`\\n` in them means a newline)."
@@ -308,15 +310,16 @@ def training_minutes() -> float:
 def cmd_demo(args: argparse.Namespace) -> int:
     "The shipped pair: six functions completed with speculation (streamed), vLLM's metrics, a fair speed comparison."
     from speclab.acceptance import torch_threads
-    from speclab.engine import SpecMetrics
+    from speclab.engine import SpecMetrics, prompt_ids
     params = sampling_params(args, stop=(DEMO_STOP,))
     cores = available_cores()
     idle = idle_cores(cores)
     threads = demo_threads(cores, idle) if args.threads is None else args.threads
     with user_input("demo"):
-        eng, tok = load_decoder("tiny", "tiny", kappa=args.kappa, device=args.device, backend=args.backend)
+        eng, tok = load_decoder("tiny", "tiny", kappa=args.kappa, device=args.device, backend=args.backend,
+                                prefix_caching=False)  # repeats must pay their prefill, as plain decoding does
         for prompt in DEMO_PROMPTS:
-            eng._check(prompt, params)  # the engine's own validation, before anything is printed
+            prompt_ids(eng, prompt, params)  # the engine's own validation, before anything is printed
     size = sum(p.numel() for p in eng.target.parameters()) / 1e6
     print(f"speclab demo: the shipped pair, a {eng.target.args.num_layers}-layer target ({size:.0f}M parameters) and a "
           f"{eng.drafter.model.args.num_layers}-layer draft distilled from it,\ntrained for {training_minutes():.0f} "

@@ -92,3 +92,35 @@ def test_sweep_cycles_prompts_to_fill_a_large_batch():
     rows = sweep(target, {"ngram": NgramDrafter(2)}, [[1, 2, 3], [4, 5, 6]], [1, 3], output_lens=(4,), repeats=1,
                  progress=False)
     assert [r["requests"] for r in rows] == [2, 3]
+
+
+def test_synthetic_sampler_rates():
+    """SyntheticSampler([0.9, 0.6, 0.3]) in the engine, kappa 3: the measured per-position acceptance is within the
+    binomial tolerance z * sqrt(a (1 - a) / drafted_i) of the requested rate a at each position, z = the two-sided
+    normal quantile at level 1e-3 (3.29). Rates are taken over the drafts that reached each position
+    (accepted_per_pos / drafted_per_pos), so steps whose kappa was capped near max_tokens do not bias them. More than
+    5,000 drafts reach each position, so at the widest tolerance (a = 0.6: z * SE = 0.023) a rate off by 0.03 is
+    flagged with probability above 0.85, one off by 0.05 with probability above 0.999."""
+    from speclab.acceptance import SyntheticSampler
+    from speclab.engine import SamplingParams, SpecDecoder
+    from speclab.proof import LEVEL
+    target, draft = tiny_random_pair()
+    rates = [0.9, 0.6, 0.3]
+    eng = SpecDecoder(target, ModelDrafter(draft), kappa=3, sampler=SyntheticSampler(rates), seed=7)
+    eng.generate([[1, 2, 3, 1, 2]] * 1000, SamplingParams(temperature=1.0, max_tokens=24))
+    m, z = eng.metrics, stats.norm.isf(LEVEL / 2)
+    assert len(m.per_position) == 3 and min(m.drafted_per_pos) > 5_000
+    for a, acc, n in zip(rates, m.accepted_per_pos, m.drafted_per_pos):
+        assert abs(acc / n - a) <= z * np.sqrt(a * (1 - a) / n), (acc / n, a, n)
+
+
+def test_synthetic_sampler_refuses_bad_rates():
+    "Rates must be a non-increasing list in [0, 1]; measure_point refuses synthetic rates without a drafter."
+    from speclab.acceptance import SyntheticSampler, measure_point
+    from speclab.engine import SamplingParams
+    with pytest.raises(ValueError, match="non-increasing"):
+        SyntheticSampler([0.3, 0.6])
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        SyntheticSampler([1.2])
+    with pytest.raises(ValueError, match="drafter"):
+        measure_point(tiny_random_pair()[0], None, [[1]], 1, SamplingParams(), 3, synthetic_rates=[0.5])

@@ -34,7 +34,7 @@ Triton interpreter. Measured on an idle 2-core CPU (2026-11-30):
 The other tests are deterministic: greedy = plain greedy decoding, a seeded request ignores its batch, every seed
 SamplingParams accepts decodes, max_tokens and stop tokens are exact, the metrics equal counts worked out by hand for
 a scripted drafter, bad requests fail alone, bad arguments raise naming the argument. The synthetic (timing) mode
-is checked against its target acceptance rates with a binomial tolerance.
+is checked in tests/test_acceptance.py (it is Chapter 9's benchmark component, not part of the engine).
 """
 import os
 import re
@@ -43,7 +43,6 @@ from functools import lru_cache
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from speclab.engine import DRAFT_SALT, ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder
 from speclab.model import generate as plain_generate
@@ -110,8 +109,8 @@ def law_counts(kappa, drafter, backend, n, groups=tuple(GROUPS)):
         for i in range(start, start + m):
             if i % GREEDY_EVERY == 0: batch.append(greedy); setting.append(-1)
             batch.append(params[i % G]); setting.append(i % G)
-        eng = SpecDecoder(target, make_drafter(drafter), kappa=kappa, backend=backend,
-                          seed=engine_seed(kappa, drafter, backend, n, call))
+        eng = SpecDecoder(target, make_drafter(drafter), kappa=kappa, backend=backend, max_num_seqs=len(batch),
+                          seed=engine_seed(kappa, drafter, backend, n, call))   # one call: one batch, as all join at once
         outs = eng.generate([PROMPT] * len(batch), batch)
         assert all(o.finish_reason == "length" and len(o.token_ids) == greedy.max_tokens for o in outs)
         assert all(o.token_ids == greedy_ref for o, p in zip(outs, batch) if p.greedy)
@@ -335,23 +334,17 @@ class ScriptedDrafter:
     def __init__(self, ref, wrong_at):
         self.ref, self.wrong_at = ref, wrong_at
 
-    def start(self, batch_size, max_len):
+    def bind(self, num_blocks, block_size, sliding_window):
         pass
 
-    def propose(self, contexts, kappas, params, generators):
+    def propose(self, batch, kappas):
         drafts = []
-        for c, k in zip(contexts, kappas):
-            d = list(self.ref[len(c) - len(PROMPT):][:k])
+        for r, k in zip(batch, kappas):
+            d = list(self.ref[len(r.tokens) - len(PROMPT):][:k])
             if self.wrong_at is not None and self.wrong_at < k:
                 d[self.wrong_at] = (d[self.wrong_at] + 1) % V
             drafts.append(d)
         return drafts, None
-
-    def commit(self, rows, old_lens, num_accepted, kappas):
-        pass
-
-    def release(self, rows):
-        pass
 
 
 # kappa 4, max_tokens 15, 3 requests; each step drafts min(4, 14 - tokens so far), none once 14 are out. Worked by hand:
@@ -387,7 +380,7 @@ def test_metrics_known_values(wrong_at, drafts, drafted, accepted, per_pos, hist
 # --- bad input --------------------------------------------------------------------------------------------------------
 
 def test_bad_engine_arguments_raise():
-    "A draft over another vocabulary, a negative or malformed kappa, an unknown backend, bad synthetic rates: errors."
+    "A draft over another vocabulary, a negative or malformed kappa, an unknown backend, bad sizes or sampler: errors."
     target, draft = pair()
     with pytest.raises(ValueError, match="vocabulary"): SpecDecoder(target, ModelDrafter(tiny_random_pair(16)[1]))
     with pytest.raises(ValueError, match="kappa"): SpecDecoder(target, ModelDrafter(draft), kappa=-1)
@@ -396,9 +389,10 @@ def test_bad_engine_arguments_raise():
     with pytest.raises(ValueError, match="empty"): SpecDecoder(target, ModelDrafter(draft), kappa={})
     with pytest.raises(TypeError, match="kappa"): SpecDecoder(target, ModelDrafter(draft), kappa=1.5)
     with pytest.raises(ValueError, match="backend"): SpecDecoder(target, ModelDrafter(draft), backend="cuda")
-    with pytest.raises(ValueError, match="non-increasing"): SpecDecoder(target, ModelDrafter(draft), synthetic_rates=[0.3, 0.6])
-    with pytest.raises(ValueError, match="synthetic_rates"): SpecDecoder(target, ModelDrafter(draft), synthetic_rates=[1.2])
-    with pytest.raises(ValueError, match="drafter"): SpecDecoder(target, None, synthetic_rates=[0.5])
+    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks", "sliding_window"):
+        for bad in (0, -3, 2.5, True):
+            with pytest.raises(ValueError, match=name): SpecDecoder(target, ModelDrafter(draft), **{name: bad})
+    with pytest.raises(TypeError, match="sampler"): SpecDecoder(target, ModelDrafter(draft), sampler="standard")
     with pytest.raises(ValueError, match="min_n"): NgramDrafter(n=2, min_n=3)
     eng = SpecDecoder(target, ModelDrafter(draft))
     with pytest.raises(TypeError, match="list of prompts"): eng.generate("1 2 3")
@@ -480,19 +474,3 @@ def test_every_allowed_seed_decodes(seed):
     again = eng.generate([[5], [1, 2]], [SamplingParams(temperature=1.0, max_tokens=9), sp])
     assert again[1].token_ids == outs[0].token_ids
     assert eng.metrics.num_draft_tokens > 0
-
-
-# --- synthetic acceptance (timing mode, not exact) --------------------------------------------------------------------
-
-def test_synthetic_acceptance_rates():
-    """synthetic_rates = [0.9, 0.6, 0.3], kappa 3: the measured per-position acceptance is within the binomial
-    tolerance z * sqrt(a (1 - a) / drafted_i) of the requested rate a at each position, z = the two-sided normal
-    quantile at level 1e-3 (3.29). Rates are taken over the drafts that reached each position (accepted_per_pos /
-    drafted_per_pos), so steps whose kappa was capped near max_tokens do not bias them."""
-    rates = [0.9, 0.6, 0.3]
-    eng = SpecDecoder(pair()[0], make_drafter("model"), kappa=3, synthetic_rates=rates, seed=engine_seed("synthetic"))
-    eng.generate([PROMPT] * 1000, SamplingParams(temperature=1.0, max_tokens=24))
-    m, z = eng.metrics, stats.norm.isf(LEVEL / 2)
-    assert len(m.per_position) == 3 and min(m.drafted_per_pos) > 5_000
-    for a, acc, n in zip(rates, m.accepted_per_pos, m.drafted_per_pos):   # over the drafts that reached position i
-        assert abs(acc / n - a) <= z * np.sqrt(a * (1 - a) / n), (acc / n, a, n)
