@@ -1,21 +1,42 @@
-"""The speculative-decoding roofline measured end to end on one GPU: a random-initialised Llama-3-8B (target) and
-Llama-3.2-1B (draft) in bf16, next to the predictions of Chapter 2 (speclab.roofline). Timing needs no real weights.
+"""Speculative decoding measured end to end on one GPU: Chapter 2's roofline step by step, then speclab's own engine.
 
-    python benchmarks/h100_e2e.py --out benchmarks/results/$(date +%Y-%m-%d)-h100   # on an H100/H200, < 8 minutes
-    python benchmarks/h100_e2e.py --dry-run --out /tmp/h100_smoke                  # CPU smoke test: tiny shapes, fp32, < 1 minute
+A random-initialised Llama-3-8B (target) and Llama-3.2-1B (draft) in bf16, next to the predictions of Chapter 2
+(speclab.roofline). Timing needs no real weights; --target DIR --draft DIR time local checkpoints instead.
+
+    python benchmarks/h100_e2e.py --out benchmarks/results/$(date +%Y-%m-%d)-h100          # H100/H200, < 10 minutes
+    python benchmarks/h100_e2e.py --compile --out benchmarks/results/$(date +%Y-%m-%d)-h100-compile
+    python benchmarks/h100_e2e.py --target DIR --draft DIR --out benchmarks/results/ckpt   # real weights, real E
+    python benchmarks/h100_e2e.py --dry-run --out /tmp/h100_smoke                         # CPU smoke test, < 1 minute
 
 Sections, each a list of records in results.json and a table in results.md (both in --out, rewritten after each):
  1. bandwidth: a 1 GiB device-to-device copy, (read + write bytes) / time;
  2. decode: one target step at B = 1 over --context cached tokens vs its floor, (weight + KV bytes) / measured copy
     bandwidth, and vs decode_floor_s (spec-sheet bandwidth); eager time beside it to show the launch overhead;
- 3. draft: the same step of the draft; measured c = t_draft / t_target vs cost_ratio;
- 4. verify: ms per target forward of T positions at B = 1; measured knee vs ridge(gpu);
+ 3. draft: the same step of the draft; measured c = t_draft / t_target next to cost_ratio;
+ 4. verify: ms per target forward of T positions at B = 1; measured knee vs ridge(gpu); v = cost of T = kappa + 1;
  5. batch: synthetic-acceptance speedup E(alpha, kappa) t_plain / (kappa t_draft + t_verify(kappa + 1)) at batch B;
-    the measured crossing batch (speedup = 1, interpolated in log2 B) vs crossing_batch.
---target DIR --draft DIR time local checkpoints instead. A step is a static-shape forward (the math of
-speclab.model.forward, checked against it; no host syncs) captured in a CUDA graph, timed with CUDA events: warmup,
-then the median of repeats. A failed capture falls back to eager and the record says so. --budget-s skips what is
-left (recorded as skipped), so results are always written.
+    the measured crossing batch (speedup = 1, interpolated in log2 B) vs crossing_batch;
+ 6. engine: speclab.engine.SpecDecoder, library code unchanged, greedy, per B in --engine-batch-sizes: B prompts of
+    --context random token ids, --engine-tokens new tokens each (ignore_eos). Plain decoding (the same engine with no
+    drafter) and speculative decoding (ModelDrafter) timed in the same run: tokens/s of each and their ratio, E, the
+    engine's draft / target / other time split, and the prediction E / (v + kappa c) with v and c from sections 3-4.
+
+Sections 2-5 time a static-shape step: speclab.model.decoder_layer (the library's layer math, one copy) with an
+attend of this script's own (every request holds the same context, so no host syncs), checked against
+speclab.model.forward at start-up (meta.step_parity), captured in a CUDA graph and timed with CUDA events: warmup,
+then the median of repeats. A failed capture falls back to eager and the record says so.
+
+Section 6 and acceptance. Random weights make the draft's acceptance meaningless (E ~ 1), so with random weights the
+batch sweep (run "synthetic") uses speclab.acceptance.SyntheticSampler at --alpha: the real engine, the real drafter,
+its real forwards, but acceptance coins at fixed rates instead of the target's law (NOT exact: timing only). Two exact
+runs (speclab.metadata.rejection_sampler) stand beside it: "draft" (the draft model at every B: its outputs must equal
+plain decoding's, its E is what random weights give) and "self" at the smallest B (the target drafts for itself: a
+100% acceptance sanity line, E = kappa + 1). With --target/--draft the sweep is exact. Each engine runs once on a few
+tokens (warmup), then once timed; prefix caching is off so that the timed pass recomputes its prompts. The sampler is
+wrapped in a device sync so that the engine's target time holds the verify forward; the rest of a step (scheduling,
+metadata, commit) is "other". --compile wraps the paged forward the engine calls in torch.compile (--compile-mode,
+reduce-overhead captures CUDA graphs) without editing the library; a failure is recorded in meta.compile and the
+engine falls back to eager. --budget-s skips what is left (recorded as skipped), so results are always written.
 """
 import argparse
 import json
@@ -24,6 +45,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -32,254 +54,590 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import speclab  # noqa: E402
-from speclab.model import KVCache, Llama, LlamaArgs, apply_rope, forward, load_model, mlp, rope_cos_sin, rope_inv_freq  # noqa: E402
-from speclab.roofline import ModelSpec, batch_speedup, cost_ratio, crossing_batch, decode_floor_s, get_gpu, ridge, step_cost  # noqa: E402
+import speclab.engine  # noqa: E402
+from speclab.acceptance import SyntheticSampler  # noqa: E402
+from speclab.engine import ModelDrafter, SamplingParams, SpecDecoder  # noqa: E402
+from speclab.metadata import rejection_sampler  # noqa: E402
+from speclab.model import (KVCache, Llama, LlamaArgs, decoder_layer, forward, forward_paged,  # noqa: E402
+                           load_model, rope_cos_sin, rope_inv_freq)
+from speclab.roofline import (ModelSpec, batch_speedup, cost_ratio, crossing_batch, decode_floor_s,  # noqa: E402
+                              get_gpu, ridge, step_cost)
 
 CONFIGS = Path(speclab.__file__).parent / "data" / "configs"
 TINY = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=4096)
-log = lambda *a: print(*a, flush=True)
+BLOCK_SIZE = 16      # the engine's KV block size (SpecDecoder's default)
+WARMUP_TOKENS = 8    # new tokens per request of an engine's warmup pass
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+def log(*parts: object) -> None:
+    "Print at once (a long run shows its progress)."
+    print(*parts, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------- command line
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    "The command line, checked; --dry-run swaps in tiny grids."
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Results: see benchmarks/README.md; record runs in benchmarks/RESULTS.md.")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="directory for results.json and results.md")
-    ap.add_argument("--target", type=Path, help="local HF checkpoint folder of the target (default: random Llama-3-8B)")
-    ap.add_argument("--draft", type=Path, help="local HF checkpoint folder of the draft (default: random Llama-3.2-1B)")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"),
+                    help="directory for results.json and results.md")
+    ap.add_argument("--target", type=Path, help="local HF checkpoint folder of the target (default: random 8B)")
+    ap.add_argument("--draft", type=Path, help="local HF checkpoint folder of the draft (default: random 3.2-1B)")
     ap.add_argument("--kappa", type=int, default=3, help="draft tokens per speculative step")
     ap.add_argument("--alpha", type=float, default=0.7, help="synthetic per-token acceptance rate, in [0, 1)")
-    ap.add_argument("--context", type=int, default=256, help="cached tokens per request")
-    ap.add_argument("--positions", type=int, nargs="+", default=[2 ** i for i in range(10)], metavar="T", help="verify grid")
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[2 ** i for i in range(9)], metavar="B")
+    ap.add_argument("--context", type=int, default=256, help="cached tokens per request (the engine's prompt length)")
+    ap.add_argument("--positions", type=int, nargs="+", default=[2 ** i for i in range(10)], metavar="T",
+                    help="verify grid (1 and kappa + 1 are always added)")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[2 ** i for i in range(9)], metavar="B",
+                    help="batch grid of the static steps (section 5)")
+    ap.add_argument("--engine-batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64], metavar="B",
+                    help="batch grid of the engine (section 6)")
+    ap.add_argument("--engine-tokens", type=int, default=128, help="new tokens per request in the engine runs")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=30)
-    ap.add_argument("--budget-s", type=float, default=420, help="skip the remaining work after this many seconds")
-    ap.add_argument("--no-graphs", action="store_true", help="time eager steps (no CUDA graphs)")
-    ap.add_argument("--dry-run", action="store_true", help="smoke test: tiny fp32 models, T <= 8, B <= 4, 2 repeats")
+    ap.add_argument("--budget-s", type=float, default=540, help="skip the remaining work after this many seconds")
+    ap.add_argument("--no-graphs", action="store_true", help="time eager static steps (no CUDA graphs)")
+    ap.add_argument("--compile", action="store_true",
+                    help="engine: torch.compile the paged forward it calls (eager fallback on failure)")
+    ap.add_argument("--compile-mode", default="reduce-overhead",
+                    help="torch.compile mode for --compile on a GPU (reduce-overhead = CUDA graphs)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="smoke test: tiny fp32 models on the CPU, T <= 8, B <= 4, 2 repeats")
     a = ap.parse_args(argv)
-    if a.kappa < 1: ap.error(f"--kappa must be >= 1, got {a.kappa}")
-    if not 0 <= a.alpha < 1: ap.error(f"--alpha must lie in [0, 1), got {a.alpha}")
-    for flag, grid in (("--positions", a.positions), ("--batch-sizes", a.batch_sizes)):
-        if not grid or min(grid) < 1: ap.error(f"{flag} needs at least one integer >= 1, got {grid}")
-    for flag, v, lo in (("--context", a.context, 0), ("--warmup", a.warmup, 0), ("--repeats", a.repeats, 1), ("--budget-s", a.budget_s, 1)):
-        if v < lo: ap.error(f"{flag} must be >= {lo}, got {v}")
-    if (a.target is None) != (a.draft is None): ap.error("--target and --draft must be given together")
+    if a.kappa < 1:
+        ap.error(f"--kappa must be >= 1, got {a.kappa}")
+    if not 0 <= a.alpha < 1:
+        ap.error(f"--alpha must lie in [0, 1), got {a.alpha}")
+    grids = (("--positions", a.positions), ("--batch-sizes", a.batch_sizes),
+             ("--engine-batch-sizes", a.engine_batch_sizes))
+    for flag, grid in grids:
+        if not grid or min(grid) < 1:
+            ap.error(f"{flag} needs at least one integer >= 1, got {grid}")
+    bounds = (("--context", a.context, 1), ("--engine-tokens", a.engine_tokens, 1), ("--warmup", a.warmup, 0),
+              ("--repeats", a.repeats, 1), ("--budget-s", a.budget_s, 1))
+    for flag, v, lo in bounds:
+        if v < lo:
+            ap.error(f"{flag} must be >= {lo}, got {v}")
+    if (a.target is None) != (a.draft is None):
+        ap.error("--target and --draft must be given together")
     for flag, d in (("--target", a.target), ("--draft", a.draft)):
-        if d is not None and not (d / "config.json").is_file(): ap.error(f"{flag} {d} holds no config.json")
-    if a.dry_run: a.positions, a.batch_sizes, a.context, a.warmup, a.repeats = [1, 2, 4, 8], [1, 2, 4], 16, 1, 2
-    a.positions, a.batch_sizes = sorted(set(a.positions)), sorted(set(a.batch_sizes))
+        if d is not None and not (d / "config.json").is_file():
+            ap.error(f"{flag} {d} holds no config.json")
+    if a.dry_run:
+        a.positions = [1, 2, 4, 8]
+        a.batch_sizes = [1, 2, 4]
+        a.engine_batch_sizes = [1, 4]
+        a.context = 16
+        a.engine_tokens = 24
+        a.warmup = 1
+        a.repeats = 2
+    a.positions = sorted(set(a.positions) | {1, a.kappa + 1})
+    a.batch_sizes = sorted(set(a.batch_sizes))
+    a.engine_batch_sizes = sorted(set(a.engine_batch_sizes))
     return a
 
 
-def timer(fn, warmup, repeats, device):
+# ---------------------------------------------------------------------------------------------------- timing tools
+def sync(device: str) -> None:
+    "Wait for the device's queued work (nothing to wait for on the CPU)."
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timer(fn: Callable[[], object], warmup: int, repeats: int, device: str) -> float:
     "Median milliseconds per call of fn(): CUDA events on a GPU, perf_counter on the CPU."
-    for _ in range(warmup): fn()
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(repeats):
         if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(); fn(); end.record(); end.synchronize()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
             times.append(start.elapsed_time(end))
         else:
-            t = time.perf_counter(); fn(); times.append((time.perf_counter() - t) * 1e3)
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
     return statistics.median(times)
 
 
-def random_model(cfg, dtype, device):
+def over_budget(run: dict) -> bool:
+    "Whether the run has spent its --budget-s."
+    return time.time() - run["t0"] > run["budget_s"]
+
+
+def free(run: dict) -> None:
+    "Return cached device memory between measurements."
+    if run["device"] == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------------- models
+def random_model(cfg: dict, dtype: torch.dtype, device: str) -> Llama:
     "A Llama of config dict cfg with N(0, 0.02) weights and unit norms, allocated straight on the device."
     args = LlamaArgs.from_config(cfg)
-    with torch.device("meta"): model = Llama(args)
+    with torch.device("meta"):
+        model = Llama(args)
     model = model.to(dtype).to_empty(device=device)
     for name, p in model.named_parameters():
         p.requires_grad_(False)
-        p.fill_(1.0) if name.endswith("norm.weight") else p.normal_(0.0, 0.02)
+        if name.endswith("norm.weight"):
+            p.fill_(1.0)
+        else:
+            p.normal_(0.0, 0.02)
     model.inv_freq = rope_inv_freq(args).to(device)
     return model.eval()
 
 
-def static_attention(layer, x, cos, sin, k_cache, v_cache, ctx, mask, a):
-    "speclab.model.attention when every request holds ctx cached tokens: K/V into slots ctx.., no boolean indexing."
-    B, T, _ = x.shape
-    at, hd, rep = layer.self_attn, a.head_dim, a.num_heads // a.num_kv_heads
-    q = at.q_proj(x).view(B, T, a.num_heads, hd).transpose(1, 2)
-    k = at.k_proj(x).view(B, T, a.num_kv_heads, hd).transpose(1, 2)
-    v = at.v_proj(x).view(B, T, a.num_kv_heads, hd).transpose(1, 2)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    k_cache[:, :, ctx:ctx + T], v_cache[:, :, ctx:ctx + T] = k, v
-    K, V = (c[:, :, None].expand(-1, -1, rep, -1, -1).reshape(B, a.num_heads, -1, hd) for c in (k_cache, v_cache))
-    o = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)   # K, V: repeat_interleave(rep, 1) without a sync
-    return at.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+def load_models(args: argparse.Namespace, dtype: torch.dtype, device: str) -> dict:
+    "Target, draft and their ModelSpecs: local checkpoints, or random Llama-3-8B / 3.2-1B (tiny ones in --dry-run)."
+    if args.target:
+        log(f"loading {args.target} and {args.draft}")
+        return dict(target=load_model(args.target, dtype=dtype, device=device),
+                    draft=load_model(args.draft, dtype=dtype, device=device),
+                    target_spec=ModelSpec.load(args.target), draft_spec=ModelSpec.load(args.draft))
+    if args.dry_run:
+        names = ["tiny-2l", "tiny-1l"]
+        cfgs = [dict(TINY, num_hidden_layers=2), dict(TINY, num_hidden_layers=1, tie_word_embeddings=True)]
+    else:
+        names = ["llama-3-8b", "llama-3.2-1b"]
+        cfgs = [json.loads((CONFIGS / f"{n}.json").read_text()) for n in names]
+    return dict(target=random_model(cfgs[0], dtype, device), draft=random_model(cfgs[1], dtype, device),
+                target_spec=ModelSpec.from_config(cfgs[0], names[0]),
+                draft_spec=ModelSpec.from_config(cfgs[1], names[1]))
 
 
-def make_step(model, cache, T, ctx):
+# ---------------------------------------------------------------------------------------------------- static steps
+def static_attend(k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: int, mask: torch.Tensor) -> Callable:
+    """A `speclab.model.Attend` for B requests that all hold ctx cached tokens: the T new K/V go to slots ctx..ctx+T-1
+    of the layer's cache views [B, kv_heads, ctx + T, hd]; fixed shapes, no host sync: a CUDA graph can hold it."""
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        B, T, H, hd = q.shape
+        rep = H // k.shape[2]
+        k_cache[:, :, ctx:ctx + T] = k.transpose(1, 2)
+        v_cache[:, :, ctx:ctx + T] = v.transpose(1, 2)
+        # GQA by a broadcast view then a copy: repeat_interleave over heads with no data-dependent shape
+        keys = k_cache[:, :, None].expand(-1, -1, rep, -1, -1).reshape(B, H, -1, hd)
+        values = v_cache[:, :, None].expand(-1, -1, rep, -1, -1).reshape(B, H, -1, hd)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask)
+        return o.transpose(1, 2)                                                      # [B, T, heads, hd]
+    return attend
+
+
+def make_step(model: Llama, cache: KVCache, T: int, ctx: int) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
     "(step, tokens): logits of T new tokens for the cache's B requests after ctx cached ones; static, capturable."
     a, dev, B, span = model.args, cache.lengths.device, cache.batch_size, ctx + T
     tokens = torch.randint(0, a.vocab_size, (B, T), device=dev)
     pos = (ctx + torch.arange(T, device=dev)).expand(B, T)
-    ks, vs = [k[:, :, :span] for k in cache.k], [v[:, :, :span] for v in cache.v]   # attend over ctx + T slots only
+    ks = [k[:, :, :span] for k in cache.k]                      # attend over ctx + T slots only
+    vs = [v[:, :, :span] for v in cache.v]
 
-    def step():
+    def step() -> torch.Tensor:
         mask = (torch.arange(span, device=dev)[None, None] <= pos[..., None])[:, None]   # [B, 1, T, span]
         x = model.model.embed_tokens(tokens)
-        cos, sin = rope_cos_sin(model.inv_freq, pos, x.dtype)
-        for i, layer in enumerate(model.model.layers):
-            x = x + static_attention(layer, layer.input_layernorm(x), cos, sin, ks[i], vs[i], ctx, mask, a)
-            x = x + mlp(layer, layer.post_attention_layernorm(x))
+        cos, sin = rope_cos_sin(model.inv_freq, pos, x.dtype)                           # [B, T, 1, hd]
+        for layer, k_cache, v_cache in zip(model.model.layers, ks, vs):
+            x = decoder_layer(layer, x, cos, sin, static_attend(k_cache, v_cache, ctx, mask), a)
         return model.model.norm(x) @ model.head_weight.T
     return step, tokens
 
 
-def step_parity(device):
+def step_parity(device: str) -> float:
     "Max |logit difference| of make_step vs speclab.model.forward on a tiny fp32 model (B = 2, 5 cached, 3 new)."
-    model, (B, ctx, T) = random_model(dict(TINY, num_hidden_layers=2), torch.float32, device), (2, 5, 3)
-    prefix, new = torch.randint(0, 256, (B, ctx)), torch.randint(0, 256, (B, T))
+    model = random_model(dict(TINY, num_hidden_layers=2), torch.float32, device)
+    B, ctx, T = 2, 5, 3
+    prefix = torch.randint(0, 256, (B, ctx))
+    new = torch.randint(0, 256, (B, T))
     caches = [KVCache(model.args, B, ctx + T, torch.float32, device) for _ in range(2)]
-    for c in caches: forward(model, prefix, c)
+    for c in caches:
+        forward(model, prefix, c)
     step, tokens = make_step(model, caches[1], T, ctx)
     tokens.copy_(new)
     return float((step() - forward(model, new, caches[0])).abs().max())
 
 
-def timed(run, step, label):
-    "(ms, mode, graph-vs-eager max |diff|): CUDA-graph replay when possible, else eager; a failed capture disables graphs."
+def timed(run: dict, step: Callable[[], torch.Tensor], label: str) -> tuple[float, str, float | None]:
+    "(ms, mode, graph-vs-eager max |diff|): CUDA-graph replay when possible, else eager; a failed capture ends graphs."
     if run["graphs"]:
         try:
-            s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):
-                for _ in range(2): step()
+                for _ in range(2):
+                    step()
             torch.cuda.current_stream().wait_stream(s)
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g): out = step()
+            with torch.cuda.graph(g):
+                out = step()
             ms = timer(g.replay, run["warmup"], run["repeats"], "cuda")
             diff = float((out.float() - step().float()).abs().max())
             del g, out
             return ms, "graph", diff
         except Exception as e:  # noqa: BLE001 -- any capture failure: record it, fall back to eager
-            log(f"  warning: CUDA graph capture failed at {label} ({type(e).__name__}: {str(e)[:200]}); eager from now on")
-            run["graphs"], run["capture_error"] = False, f"{label}: {type(e).__name__}: {str(e)[:300]}"
-            try: torch.cuda.synchronize()
-            except Exception: pass  # noqa: BLE001 -- the eager timing below will raise if the device is really broken
+            log(f"  warning: CUDA graph capture failed at {label} ({type(e).__name__}: {str(e)[:200]}); eager now")
+            run["graphs"] = False
+            run["capture_error"] = f"{label}: {type(e).__name__}: {str(e)[:300]}"
+            try:
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001 -- the eager timing below raises if the device is really broken
+                pass
     return timer(step, run["warmup"], run["repeats"], run["device"]), "eager", None
 
 
-def measured_crossing(Bs, speedups):
+def measured_crossing(Bs: list[int], speedups: list[float]) -> float:
     "First B where the speedup falls to 1, linear in log2 B (0.0: never above 1; inf: above 1 on the whole grid)."
-    if speedups[0] <= 1: return 0.0
+    if speedups[0] <= 1:
+        return 0.0
     for b0, s0, b1, s1 in zip(Bs, speedups, Bs[1:], speedups[1:]):
-        if s1 <= 1: return 2 ** (math.log2(b0) + (s0 - 1) / (s0 - s1) * (math.log2(b1) - math.log2(b0)))
+        if s1 <= 1:
+            return 2 ** (math.log2(b0) + (s0 - 1) / (s0 - s1) * (math.log2(b1) - math.log2(b0)))
     return math.inf
 
 
-def measured_knee(Ts, ms):
+def measured_knee(Ts: list[int], ms: list[float]) -> float | None:
     """T where the flat cost at the smallest T meets the line through the two largest T; None when the grid shows no
     compute-bound tail (the largest T costs under 1.5x the smallest, or the line does not rise)."""
-    if len(Ts) < 3 or ms[-1] < 1.5 * ms[0] or ms[-1] <= ms[-2]: return None
+    if len(Ts) < 3 or ms[-1] < 1.5 * ms[0] or ms[-1] <= ms[-2]:
+        return None
     slope = (ms[-1] - ms[-2]) / (Ts[-1] - Ts[-2])
     return max(1.0, Ts[-1] - (ms[-1] - ms[0]) / slope)
 
 
-def over_budget(run): return time.time() - run["t0"] > run["budget_s"]
-def free(run): torch.cuda.empty_cache() if run["device"] == "cuda" else None
-def clean(x):
-    "JSON-safe: inf/nan become strings."
-    if isinstance(x, dict): return {k: clean(v) for k, v in x.items()}
-    if isinstance(x, list): return [clean(v) for v in x]
-    return str(x) if isinstance(x, float) and not math.isfinite(x) else x
+# ---------------------------------------------------------------------------------------------------- the engine
+def synced(sampler: Callable[..., torch.Tensor], device: str) -> Callable[..., torch.Tensor]:
+    "The sampler followed by a device sync on a GPU, so that the engine's target_s holds its verify forward."
+    if device != "cuda":
+        return sampler
+
+    def sample(*args: object, **kwargs: object) -> torch.Tensor:
+        out = sampler(*args, **kwargs)
+        torch.cuda.synchronize()
+        return out
+    return sample
 
 
-def table(recs, cols):
-    if not recs: return []
-    return ["| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols)] + ["| " + " | ".join(str(r.get(k)) for k in cols) + " |" for r in recs]
+def compiled_forward(run: dict) -> Callable[..., torch.Tensor]:
+    """speclab.model.forward_paged under torch.compile: --compile-mode on a GPU, the graph-capturing 'eager' backend
+    on a CPU (a smoke test of the wrapping; inductor would need minutes there). Each call begins a CUDA-graph step and
+    returns a copy, so that no logits the engine still holds live in memory a later replay overwrites. dynamic=True:
+    the engine's shapes change every step (tokens fed, keys attended), so one graph per shape would never end."""
+    if run["device"] == "cuda":
+        fn = torch.compile(forward_paged, mode=run["compile_mode"], dynamic=True)
+    else:
+        fn = torch.compile(forward_paged, backend="eager", dynamic=True)
+
+    def forward_compiled(*args: object, **kwargs: object) -> torch.Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        return fn(*args, **kwargs).clone()
+    return forward_compiled
 
 
-def markdown(meta, sections):
-    lines = [f"# Speculative decoding end to end: {meta['target']} / {meta['draft']} on {meta['gpu']}", "",
-             f"{meta['date']} · torch {meta['torch']} · CUDA {meta['cuda']} · {meta['dtype']} · {meta['weights']} weights · "
-             f"roofline spec {meta['gpu_spec']} · copy bandwidth {meta.get('copy_bandwidth_GBps')} GB/s · "
-             f"step parity vs forward {meta['step_parity']:.2e} · `{meta['command']}` · {meta.get('wall_s')} s", "",
-             "ms per step, median of repeats; mode `graph` = CUDA-graph replay. floor = (weight + KV bytes) / measured copy "
-             "bandwidth; spec floor = decode_floor_s (spec-sheet bandwidth).", ""]
-    cols = dict(bandwidth=["bytes", "ms", "GBps"],
-                decode=["model", "B", "context", "mode", "ms", "eager_ms", "floor_ms", "spec_floor_ms", "ms_over_floor", "achieved_GBps",
-                        "graph_vs_eager"],
-                verify=["T", "mode", "ms", "ms_per_position", "cost", "predicted_cost"],
-                batch=["B", "mode", "plain_ms", "draft_ms", "verify_ms", "spec_ms", "speedup", "predicted"])
-    for name, s in sections.items():
-        summary = "; ".join(f"{k} = {v}" for k, v in s.get("summary", {}).items())
-        lines += [f"## {name}: {s['status']}", ""] + table(s["records"], cols[name]) + (["", summary] if summary else []) + [""]
-    return "\n".join(lines) + "\n"
+def dynamo_counts() -> dict:
+    "What torch.compile did so far: graphs compiled, graph breaks, frames left eager at the recompile limit."
+    try:
+        from torch._dynamo.utils import counters
+        limit_hits = sum(v for k, v in counters["unimplemented"].items() if "recompile limit" in k.lower())
+        breaks = sum(counters["graph_break"].values())
+        return dict(unique_graphs=counters["stats"]["unique_graphs"], graph_breaks=breaks,
+                    recompile_limit_hits=limit_hits)
+    except Exception as e:  # noqa: BLE001 -- private counters: their layout may change between torch versions
+        return dict(error=f"{type(e).__name__}: {e}")
 
 
-def sec_bandwidth(run, meta, s, m):
+def use_forward(fn: Callable[..., torch.Tensor]) -> None:
+    "Make the engine (its target verify and ModelDrafter alike) call fn as its paged forward; the library is unedited."
+    speclab.engine.forward_paged = fn
+
+
+def random_prompts(n: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
+    "n prompts of `length` uniformly random token ids."
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (n, length), generator=g).tolist()
+
+
+def engine_pass(engine: SpecDecoder, prompts: list[list[int]], params: SamplingParams, device: str) -> dict:
+    "One timed engine.generate: seconds, tokens, outputs, and the engine's counters over this call alone."
+    stats = dict(engine.stats)
+    drafts = engine.metrics.num_drafts
+    drafted = engine.metrics.num_draft_tokens
+    accepted = engine.metrics.num_accepted_tokens
+    sync(device)
+    t0 = time.perf_counter()
+    outputs = engine.generate(prompts, params)
+    sync(device)
+    seconds = time.perf_counter() - t0
+    errors = [o.error for o in outputs if o.error]
+    if errors:
+        raise RuntimeError(f"a request failed in the engine: {errors[0]}")
+    d = {k: engine.stats[k] - stats[k] for k in ("steps", "draft_s", "target_s")}
+    num_drafts = engine.metrics.num_drafts - drafts
+    num_accepted = engine.metrics.num_accepted_tokens - accepted
+    num_draft_tokens = engine.metrics.num_draft_tokens - drafted
+    return dict(seconds=seconds, tokens=sum(len(o.token_ids) for o in outputs), outputs=[o.token_ids for o in outputs],
+                steps=d["steps"], draft_s=d["draft_s"], target_s=d["target_s"],
+                E=1 + num_accepted / num_drafts if num_drafts else 1.0,
+                acceptance_rate=num_accepted / num_draft_tokens if num_draft_tokens else 0.0)
+
+
+def engine_kwargs(run: dict, B: int) -> dict:
+    "SpecDecoder sizes for B requests: B sequences at once, a pool that holds them all, no prefix cache."
+    per_request = -(-(run["context"] + run["engine_tokens"] + run["kappa"] + 1) // BLOCK_SIZE)
+    return dict(max_num_seqs=B, block_size=BLOCK_SIZE, num_blocks=B * per_request, enable_prefix_caching=False)
+
+
+def warm_and_time(run: dict, make_engine: Callable[[], SpecDecoder], prompts: list[list[int]]) -> dict:
+    "A fresh engine, warmed up on the prompts (a few tokens each), then one timed pass of --engine-tokens each."
+    engine = make_engine()
+    warm = SamplingParams(temperature=0, max_tokens=min(WARMUP_TOKENS, run["engine_tokens"]), ignore_eos=True)
+    engine.generate(prompts, warm)
+    params = SamplingParams(temperature=0, max_tokens=run["engine_tokens"], ignore_eos=True)
+    result = engine_pass(engine, prompts, params, run["device"])
+    result["forward"] = "compiled" if run["compiled"] else "eager"
+    del engine
+    free(run)
+    return result
+
+
+def give_up_compile(run: dict, meta: dict, where: str, e: Exception) -> None:
+    "Record why the compiled forward failed and put the eager one back."
+    log(f"  warning: compiled forward failed at {where} ({type(e).__name__}: {str(e)[:200]}); eager from now on")
+    meta["compile"]["status"] = f"error at {where}: {type(e).__name__}: {str(e)[:300]}"
+    use_forward(forward_paged)
+    run["compiled"] = False
+    free(run)
+
+
+def measure(run: dict, meta: dict, make_engine: Callable[[], SpecDecoder], prompts: list[list[int]],
+            where: str) -> dict:
+    "warm_and_time; when the compiled forward fails, record it, fall back to eager and measure again."
+    try:
+        return warm_and_time(run, make_engine, prompts)
+    except Exception as e:  # noqa: BLE001 -- a compile failure: recorded, then the eager engine
+        if not run["compiled"]:
+            raise
+        give_up_compile(run, meta, where, e)
+        return warm_and_time(run, make_engine, prompts)
+
+
+def prediction(E: float, v: float | None, c: float | None, kappa: int) -> float | None:
+    "Chapter 2's speedup E / (v + kappa c) (None when v or c was not measured)."
+    if v is None or c is None:
+        return None
+    return round(E / (v + kappa * c), 3)
+
+
+def engine_record(run: dict, meta: dict, B: int, name: str, plain: dict, spec: dict, sampler: str) -> dict:
+    "One row of section 6: plain and speculative side by side, E, the time split and Chapter 2's prediction."
+    kappa = run["kappa"]
+    plain_tok_s = plain["tokens"] / plain["seconds"]
+    spec_tok_s = spec["tokens"] / spec["seconds"]
+    other_s = spec["seconds"] - spec["draft_s"] - spec["target_s"]
+    c = 1.0 if name == "self" else meta.get("c_measured")             # a target drafting for itself costs one step
+    static = run["static_batch"].get(B)                               # section 5's steps at this batch size
+    c_B = 1.0 if name == "self" or static is None else static["draft_ms"] / static["plain_ms"]
+    v_B = None if static is None else static["verify_ms"] / static["plain_ms"]
+    exact = sampler == "rejection_sampler"
+    same = sum(a == b for a, b in zip(plain["outputs"], spec["outputs"])) / len(plain["outputs"])
+    forwards = {plain["forward"], spec["forward"]}
+    return dict(
+        B=B, run=name, drafter="target" if name == "self" else "draft", sampler=sampler,
+        forward=forwards.pop() if len(forwards) == 1 else "mixed", prompt_len=run["context"],
+        new_tokens=run["engine_tokens"], plain_tok_s=round(plain_tok_s, 2), spec_tok_s=round(spec_tok_s, 2),
+        speedup=round(spec_tok_s / plain_tok_s, 3), plain_steps=plain["steps"], spec_steps=spec["steps"],
+        plain_ms_per_step=round(plain["seconds"] / plain["steps"] * 1e3, 3),
+        spec_ms_per_step=round(spec["seconds"] / spec["steps"] * 1e3, 3),
+        E=round(spec["E"], 4), acceptance_rate=round(spec["acceptance_rate"], 4),
+        E_model=round((1 - run["alpha"] ** (kappa + 1)) / (1 - run["alpha"]), 4) if not exact else None,
+        draft_s=round(spec["draft_s"], 4), target_s=round(spec["target_s"], 4), other_s=round(other_s, 4),
+        draft_share=round(spec["draft_s"] / spec["seconds"], 3),
+        target_share=round(spec["target_s"] / spec["seconds"], 3),
+        other_share=round(other_s / spec["seconds"], 3),
+        predicted=prediction(spec["E"], meta.get("v_measured"), c, kappa),
+        predicted_at_B=prediction(spec["E"], v_B, c_B, kappa),
+        outputs_match=round(same, 4) if exact else None)
+
+
+def engine_runs(run: dict, m: dict, synthetic: bool, B: int, smallest: bool) -> list[tuple]:
+    "(name, drafter model, sampler, sampler label) of the speculative runs at batch size B."
+    kappa, alpha = run["kappa"], run["alpha"]
+    runs = []
+    if synthetic:
+        rates = [alpha ** (i + 1) for i in range(kappa)]             # i.i.d. alpha: P(position i accepted) = alpha^i
+        runs.append(("synthetic", m["draft"], SyntheticSampler(rates), f"SyntheticSampler(alpha={alpha})"))
+    runs.append(("draft", m["draft"], rejection_sampler, "rejection_sampler"))
+    if smallest:
+        runs.append(("self", m["target"], rejection_sampler, "rejection_sampler"))
+    return runs
+
+
+def probe_compile(run: dict, meta: dict, m: dict) -> None:
+    "With --compile: swap in the compiled forward and try it on a short plain and speculative generate."
+    meta["compile"] = dict(requested=run["compile"], mode=None, status="not requested")
+    if not run["compile"]:
+        return
+    meta["compile"]["mode"] = run["compile_mode"] if run["device"] == "cuda" else "backend=eager (CPU)"
+    try:
+        use_forward(compiled_forward(run))
+        run["compiled"] = True
+        prompts = random_prompts(1, run["context"], m["target"].args.vocab_size, seed=12345)
+        params = SamplingParams(temperature=0, max_tokens=min(WARMUP_TOKENS, run["engine_tokens"]), ignore_eos=True)
+        for drafter in (None, ModelDrafter(m["draft"])):
+            engine = SpecDecoder(m["target"], drafter, kappa=run["kappa"], **engine_kwargs(run, 1))
+            engine.generate(prompts, params)
+        meta["compile"]["status"] = "ok"
+        log(f"  compiled forward ({meta['compile']['mode']}) works")
+    except Exception as e:  # noqa: BLE001 -- any failure: recorded, eager from here on
+        give_up_compile(run, meta, "probe", e)
+
+
+def sec_engine(run: dict, meta: dict, s: dict, m: dict) -> None:
+    "speclab.engine.SpecDecoder end to end: plain vs speculative tokens/s per batch size, E, time split, prediction."
+    synthetic = meta["weights"] == "random"
+    s["status"] = "ok"
+    s["summary"] = dict(v=meta.get("v_measured"), c=meta.get("c_measured"), kappa=run["kappa"],
+                        acceptance="synthetic (SyntheticSampler at --alpha, NOT exact, timing only) in run "
+                                   "'synthetic'; exact rejection_sampler in runs 'draft' and 'self'" if synthetic
+                        else "exact rejection_sampler (checkpoint weights)")
+    probe_compile(run, meta, m)
+    s["summary"]["forward"] = "compiled" if run["compiled"] else "eager"
+    dev = run["device"]
+    try:
+        for B in run["engine_batch_sizes"]:
+            prompts = random_prompts(B, run["context"], m["target"].args.vocab_size, seed=B)
+            if over_budget(run):
+                s["status"] = "partial (budget)"
+                return
+            plain = measure(run, meta, lambda: SpecDecoder(m["target"], None, kappa=0,
+                                                           sampler=synced(rejection_sampler, dev),
+                                                           **engine_kwargs(run, B)), prompts, f"plain B={B}")
+            for name, model, sampler, label in engine_runs(run, m, synthetic, B, B == run["engine_batch_sizes"][0]):
+                if over_budget(run):
+                    s["status"] = "partial (budget)"
+                    return
+                spec = measure(run, meta, lambda: SpecDecoder(m["target"], ModelDrafter(model), kappa=run["kappa"],
+                                                              sampler=synced(sampler, dev),
+                                                              **engine_kwargs(run, B)), prompts, f"{name} B={B}")
+                s["records"].append(r := engine_record(run, meta, B, name, plain, spec, label))
+                log(f"  B={B:4d} {name:9s} plain {r['plain_tok_s']:9.1f} tok/s  spec {r['spec_tok_s']:9.1f} tok/s  "
+                    f"x{r['speedup']:5.2f}  E {r['E']:5.2f}  predicted {r['predicted']}  ({r['forward']})")
+    finally:
+        if run["compile"]:
+            meta["compile"]["dynamo"] = dynamo_counts()
+        use_forward(forward_paged)                                    # the library as it was, whatever happened
+        run["compiled"] = False
+
+
+# ---------------------------------------------------------------------------------------------------- sections 1-5
+def sec_bandwidth(run: dict, meta: dict, s: dict, m: dict) -> None:
     "Copy bandwidth: (read + write bytes) / time of a 1 GiB device-to-device copy (16 MiB on the CPU)."
-    n, dev = (1 << 30) if run["device"] == "cuda" else (1 << 24), run["device"]
-    src, dst = torch.empty(n, dtype=torch.uint8, device=dev), torch.empty(n, dtype=torch.uint8, device=dev)
+    dev = run["device"]
+    n = (1 << 30) if dev == "cuda" else (1 << 24)
+    src = torch.empty(n, dtype=torch.uint8, device=dev)
+    dst = torch.empty(n, dtype=torch.uint8, device=dev)
     ms = timer(lambda: dst.copy_(src), 3, 10 if dev == "cuda" else 3, dev)
-    run["bw"], meta["copy_bandwidth_GBps"] = 2 * n / (ms * 1e-3), round(2 * n / ms * 1e-6, 1)
+    run["bw"] = 2 * n / (ms * 1e-3)
+    meta["copy_bandwidth_GBps"] = round(2 * n / ms * 1e-6, 1)
     s.update(status="ok", records=[dict(bytes=2 * n, ms=round(ms, 4), GBps=meta["copy_bandwidth_GBps"])])
     log(f"  copy bandwidth {meta['copy_bandwidth_GBps']} GB/s")
 
 
-def sec_decode(run, meta, s, m):
-    "One step (T = 1, B = 1) of target and draft over the context vs the floors; c = t_draft / t_target."
-    for name in ("target", "draft"):
-        model, spec = m[name], m[name + "_spec"]
-        cache = KVCache(model.args, 1, run["context"] + 1, run["dtype"], run["device"])
-        step, _ = make_step(model, cache, 1, run["context"])
-        ms, mode, diff = timed(run, step, f"{name} decode")
-        eager = ms if mode == "eager" else timer(step, run["warmup"], run["repeats"], run["device"])
-        w, kv = spec.bytes_per_step(run["dt"]), run["context"] * spec.kv_bytes_per_token(run["dt"])
-        floor = (w + kv) / run["bw"] * 1e3
-        s["records"].append(r := dict(
-            model=spec.name, B=1, context=run["context"], mode=mode, ms=round(ms, 4), eager_ms=round(eager, 4),
-            graph_vs_eager=diff, weight_bytes=w, kv_bytes=kv, floor_ms=round(floor, 4),
-            spec_floor_ms=round(decode_floor_s(spec, run["gpu"], run["dt"]) * 1e3, 4),
-            ms_over_floor=round(ms / floor, 3), achieved_GBps=round((w + kv) / ms * 1e-6, 1)))
-        log(f"  {spec.name}: {ms:.3f} ms ({mode}; eager {eager:.3f} ms), floor {floor:.3f} ms, spec floor {r['spec_floor_ms']:.3f} ms")
-    meta["c_measured"] = c = s["records"][1]["ms"] / s["records"][0]["ms"]
-    s.update(status="ok", summary=dict(c_measured=round(c, 4), c_derived=round(meta["c_derived"], 4)))
-    log(f"  c measured {c:.4f}, derived (cost_ratio) {meta['c_derived']:.4f}")
+def step_record(run: dict, model: Llama, spec: ModelSpec, label: str) -> dict:
+    "One step (T = 1, B = 1) of `model` over the context: graph and eager ms next to the floors."
+    cache = KVCache(model.args, 1, run["context"] + 1, run["dtype"], run["device"])
+    step, _ = make_step(model, cache, 1, run["context"])
+    ms, mode, diff = timed(run, step, label)
+    eager = ms if mode == "eager" else timer(step, run["warmup"], run["repeats"], run["device"])
+    w = spec.bytes_per_step(run["dt"])
+    kv = run["context"] * spec.kv_bytes_per_token(run["dt"])
+    floor = (w + kv) / run["bw"] * 1e3
+    r = dict(model=spec.name, B=1, context=run["context"], mode=mode, ms=round(ms, 4), eager_ms=round(eager, 4),
+             graph_vs_eager=diff, weight_bytes=w, kv_bytes=kv, floor_ms=round(floor, 4),
+             spec_floor_ms=round(decode_floor_s(spec, run["gpu"], run["dt"]) * 1e3, 4),
+             ms_over_floor=round(ms / floor, 3), achieved_GBps=round((w + kv) / ms * 1e-6, 1))
+    log(f"  {spec.name}: {ms:.3f} ms ({mode}; eager {eager:.3f} ms), floor {floor:.3f} ms, "
+        f"spec floor {r['spec_floor_ms']:.3f} ms")
+    return r
 
 
-def sec_verify(run, meta, s, m):
-    "ms per target forward of T positions at B = 1; cost in units of the smallest T next to max(1, T/T*); the knee."
-    target, ctx, s["status"] = m["target"], run["context"], "ok"
+def sec_decode(run: dict, meta: dict, s: dict, m: dict) -> None:
+    "The target's decode step (T = 1, B = 1) over the context vs its floors."
+    s["records"].append(step_record(run, m["target"], m["target_spec"], "target decode"))
+    meta["t_target_ms"] = s["records"][0]["ms"]
+    s["status"] = "ok"
+
+
+def sec_draft(run: dict, meta: dict, s: dict, m: dict) -> None:
+    "The draft's decode step; c = t_draft / t_target (the target's from section 2) next to cost_ratio."
+    s["records"].append(r := step_record(run, m["draft"], m["draft_spec"], "draft decode"))
+    s["status"] = "ok"
+    if meta.get("t_target_ms"):
+        meta["c_measured"] = round(r["ms"] / meta["t_target_ms"], 4)
+    s["summary"] = dict(c_measured=meta.get("c_measured"), c_derived=round(meta["c_derived"], 4))
+    log(f"  c measured {meta.get('c_measured')}, derived (cost_ratio) {meta['c_derived']:.4f}")
+
+
+def sec_verify(run: dict, meta: dict, s: dict, m: dict) -> None:
+    "ms per target forward of T positions at B = 1; cost in units of T = 1 next to max(1, T/T*); knee; v."
+    target, ctx = m["target"], run["context"]
+    s["status"] = "ok"
     cache = KVCache(target.args, 1, ctx + max(run["positions"]), run["dtype"], run["device"])
     for T in run["positions"]:
-        if over_budget(run): s["status"] = "partial (budget)"; break
+        if over_budget(run):
+            s["status"] = "partial (budget)"
+            break
         ms, mode, diff = timed(run, make_step(target, cache, T, ctx)[0], f"verify T={T}")
         recs = s["records"]
         recs.append(dict(T=T, mode=mode, ms=round(ms, 4), ms_per_position=round(ms / T, 5), graph_vs_eager=diff,
-                         cost=round(ms / recs[0]["ms"] if recs else 1.0, 3), predicted_cost=float(step_cost(T, meta["ridge"]))))
-        log(f"  T={T:4d} {ms:9.3f} ms  cost {recs[-1]['cost']:6.2f}  predicted {recs[-1]['predicted_cost']:6.2f}  ({mode})")
+                         cost=round(ms / recs[0]["ms"] if recs else 1.0, 3),
+                         predicted_cost=float(step_cost(T, meta["ridge"]))))
+        log(f"  T={T:4d} {ms:9.3f} ms  cost {recs[-1]['cost']:6.2f}  predicted {recs[-1]['predicted_cost']:6.2f}"
+            f"  ({mode})")
         free(run)
     meta["knee"] = knee = measured_knee([r["T"] for r in s["records"]], [r["ms"] for r in s["records"]])
-    s["summary"] = dict(ridge_T_star=round(meta["ridge"], 1), measured_knee=None if knee is None else round(knee, 1))
-    log(f"  ridge T* {meta['ridge']:.1f}, measured knee {s['summary']['measured_knee']}")
+    v = [r["cost"] for r in s["records"] if r["T"] == run["kappa"] + 1]
+    meta["v_measured"] = v[0] if v else None
+    s["summary"] = dict(ridge_T_star=round(meta["ridge"], 1), measured_knee=None if knee is None else round(knee, 1),
+                        v_measured=meta["v_measured"])
+    log(f"  ridge T* {meta['ridge']:.1f}, measured knee {s['summary']['measured_knee']}, "
+        f"v (T = kappa + 1) {meta['v_measured']}")
 
 
-def sec_batch(run, meta, s, m):
-    "Per B: plain step, draft step, verify of kappa + 1 positions; E t_plain / t_spec next to batch_speedup; crossings."
-    kappa, alpha, ctx, c, s["status"] = run["kappa"], run["alpha"], run["context"], meta["c_derived"], "ok"
+def sec_batch(run: dict, meta: dict, s: dict, m: dict) -> None:
+    "Per B: plain step, draft step, verify of kappa + 1 positions; E t_plain / t_spec next to batch_speedup."
+    kappa, alpha, ctx, c = run["kappa"], run["alpha"], run["context"], meta["c_derived"]
+    s["status"] = "ok"
     E = (1 - alpha ** (kappa + 1)) / (1 - alpha)
     for B in run["batch_sizes"]:
-        if over_budget(run): s["status"] = "partial (budget)"; break
-        tc, dc = (KVCache(m[k].args, B, ctx + n, run["dtype"], run["device"]) for k, n in (("target", kappa + 1), ("draft", 1)))
-        (plain, m1, _), (t_draft, m2, _), (verify, m3, _) = (
-            timed(run, make_step(m[k], cache, T, ctx)[0], f"{what} B={B}")
-            for what, k, cache, T in (("plain", "target", tc, 1), ("draft", "draft", dc, 1), ("verify", "target", tc, kappa + 1)))
+        if over_budget(run):
+            s["status"] = "partial (budget)"
+            break
+        tc = KVCache(m["target"].args, B, ctx + kappa + 1, run["dtype"], run["device"])
+        dc = KVCache(m["draft"].args, B, ctx + 1, run["dtype"], run["device"])
+        plain, m1, _ = timed(run, make_step(m["target"], tc, 1, ctx)[0], f"plain B={B}")
+        t_draft, m2, _ = timed(run, make_step(m["draft"], dc, 1, ctx)[0], f"draft B={B}")
+        verify, m3, _ = timed(run, make_step(m["target"], tc, kappa + 1, ctx)[0], f"verify B={B}")
         mode = m1 if m1 == m2 == m3 else "mixed"
         spec_ms = kappa * t_draft + verify
+        run["static_batch"][B] = dict(plain_ms=plain, draft_ms=t_draft, verify_ms=verify)
         s["records"].append(r := dict(
-            B=B, kappa=kappa, alpha=alpha, E=round(E, 4), mode=mode, plain_ms=round(plain, 4), draft_ms=round(t_draft, 4),
-            verify_ms=round(verify, 4), spec_ms=round(spec_ms, 4), speedup=round(E * plain / spec_ms, 3),
+            B=B, kappa=kappa, alpha=alpha, E=round(E, 4), mode=mode, plain_ms=round(plain, 4),
+            draft_ms=round(t_draft, 4), verify_ms=round(verify, 4), spec_ms=round(spec_ms, 4),
+            speedup=round(E * plain / spec_ms, 3),
             predicted=round(float(batch_speedup(alpha, kappa, c, B, meta["ridge"])), 3)))
-        log(f"  B={B:4d} plain {plain:8.3f} ms  spec {spec_ms:8.3f} ms  speedup {r['speedup']:5.2f}  predicted {r['predicted']:5.2f}  ({mode})")
+        log(f"  B={B:4d} plain {plain:8.3f} ms  spec {spec_ms:8.3f} ms  speedup {r['speedup']:5.2f}  "
+            f"predicted {r['predicted']:5.2f}  ({mode})")
         del tc, dc
         free(run)
-    if not s["records"]: return
-    summ = dict(E=round(E, 4), measured_crossing=measured_crossing([r["B"] for r in s["records"]], [r["speedup"] for r in s["records"]]),
+    if not s["records"]:
+        return
+    summ = dict(E=E, measured_crossing=measured_crossing([r["B"] for r in s["records"]],
+                                                         [r["speedup"] for r in s["records"]]),
                 predicted_crossing=crossing_batch(alpha, kappa, c, meta["ridge"]))
     if meta.get("c_measured") and (meta.get("knee") or 0) > 1:   # Chapter 2's model fed the measured c and knee
         summ["calibrated_crossing"] = crossing_batch(alpha, kappa, meta["c_measured"], meta["knee"])
@@ -287,51 +645,117 @@ def sec_batch(run, meta, s, m):
     log("  " + ", ".join(f"{k} {v}" for k, v in s["summary"].items()))
 
 
-def main(argv=None):
+SECTIONS = dict(bandwidth=sec_bandwidth, decode=sec_decode, draft=sec_draft, verify=sec_verify, batch=sec_batch,
+                engine=sec_engine)
+COLUMNS = dict(
+    bandwidth=["bytes", "ms", "GBps"],
+    decode=["model", "B", "context", "mode", "ms", "eager_ms", "floor_ms", "spec_floor_ms", "ms_over_floor",
+            "achieved_GBps", "graph_vs_eager"],
+    verify=["T", "mode", "ms", "ms_per_position", "cost", "predicted_cost"],
+    batch=["B", "mode", "plain_ms", "draft_ms", "verify_ms", "spec_ms", "speedup", "predicted"],
+    engine=["B", "run", "sampler", "forward", "plain_tok_s", "spec_tok_s", "speedup", "E", "predicted",
+            "predicted_at_B", "draft_share", "target_share", "other_share", "outputs_match"])
+COLUMNS["draft"] = COLUMNS["decode"]
+
+
+# ---------------------------------------------------------------------------------------------------- results
+def clean(x: object) -> object:
+    "JSON-safe: inf/nan become strings."
+    if isinstance(x, dict):
+        return {k: clean(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [clean(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    return x
+
+
+def table(recs: list[dict], cols: list[str]) -> list[str]:
+    "A markdown table of the records' columns."
+    if not recs:
+        return []
+    head = ["| " + " | ".join(cols) + " |", "|" + "---:|" * len(cols)]
+    return head + ["| " + " | ".join(str(r.get(k)) for k in cols) + " |" for r in recs]
+
+
+def markdown(meta: dict, sections: dict) -> str:
+    "results.md: the run's facts, then one table (and summary line) per section."
+    lines = [f"# Speculative decoding end to end: {meta['target']} / {meta['draft']} on {meta['gpu']}", "",
+             f"{meta['date']} · torch {meta['torch']} · CUDA {meta['cuda']} · {meta['dtype']} · {meta['weights']} "
+             f"weights · roofline spec {meta['gpu_spec']} · "
+             f"copy bandwidth {meta.get('copy_bandwidth_GBps')} GB/s · "
+             f"step parity vs forward {meta['step_parity']:.2e} · compile {meta.get('compile')} · "
+             f"`{meta['command']}` · {meta.get('wall_s')} s", "",
+             "Sections 2-5: ms per static step, median of repeats; mode `graph` = CUDA-graph replay. floor = (weight "
+             "+ KV bytes) / measured copy bandwidth; spec floor = decode_floor_s (spec-sheet bandwidth).", "",
+             "Section 6: speclab.engine.SpecDecoder, greedy, tokens/s of whole generate calls (prefill included); "
+             "run `synthetic` draws acceptance at --alpha (NOT exact, timing only), runs `draft` and `self` are "
+             "exact (outputs_match = share of requests whose tokens equal plain decoding's). predicted = "
+             "E / (v + kappa c) with v, c from sections 3-4 (B = 1); predicted_at_B with section 5's steps at B.", ""]
+    for name, s in sections.items():
+        summary = "; ".join(f"{k} = {v}" for k, v in s.get("summary", {}).items())
+        lines += [f"## {name}: {s['status']}", ""] + table(s["records"], COLUMNS[name])
+        lines += (["", summary] if summary else []) + [""]
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path, meta: dict, sections: dict) -> None:
+    "results.json and results.md into out (rewritten after every section: a killed run still leaves results)."
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(clean(dict(meta=meta, sections=sections)), indent=1) + "\n")
+    (out / "results.md").write_text(markdown(meta, sections))
+
+
+# ---------------------------------------------------------------------------------------------------- main
+def main(argv: list[str] | None = None) -> int:
+    "Run every section in order within the budget; write results after each."
     args = parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu" and not args.dry_run: sys.exit("h100_e2e.py needs a CUDA GPU; use --dry-run for the CPU smoke test")
-    torch.set_grad_enabled(False); torch.manual_seed(0)
-    if args.dry_run: torch.set_num_threads(1)   # a smoke test: stay light on a shared CPU
-    t0, dtype, dt = time.time(), torch.float32 if args.dry_run else torch.bfloat16, "fp32" if args.dry_run else "bf16"
-    gpu_name = torch.cuda.get_device_name() if device == "cuda" else f"CPU ({platform.processor() or platform.machine()})"
-    key = "h200" if "h200" in gpu_name.lower() else "h100"   # the roofline GPUSpec; any other GPU is compared to an H100
+    if device == "cpu" and not args.dry_run:
+        sys.exit("h100_e2e.py needs a CUDA GPU; use --dry-run for the CPU smoke test")
+    torch.set_grad_enabled(False)
+    torch.manual_seed(0)
+    if args.dry_run:
+        torch.set_num_threads(1)                                      # a smoke test: stay light on a shared CPU
+    t0 = time.time()
+    dtype = torch.float32 if args.dry_run else torch.bfloat16
+    dt = "fp32" if args.dry_run else "bf16"
+    if device == "cuda":
+        gpu_name = torch.cuda.get_device_name()
+    else:
+        gpu_name = f"CPU ({platform.processor() or platform.machine()})"
+    key = "h200" if "h200" in gpu_name.lower() else "h100"   # the roofline GPUSpec; any other GPU: an H100's
     graphs = device == "cuda" and not args.dry_run and not args.no_graphs
-    run = dict(vars(args), t0=t0, device=device, dtype=dtype, dt=dt, gpu=get_gpu(key), graphs=graphs, bw=get_gpu(key).bandwidth)
+    run = dict(vars(args), t0=t0, device=device, dtype=dtype, dt=dt, gpu=get_gpu(key), graphs=graphs,
+               bw=get_gpu(key).bandwidth, compiled=False, static_batch={})
     meta = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), gpu=gpu_name, gpu_spec=key,
                 gpu_spec_matched=key in gpu_name.lower(), torch=torch.__version__, cuda=torch.version.cuda,
                 python=platform.python_version(), device=device, dtype=dt, kappa=args.kappa, alpha=args.alpha,
-                context=args.context, warmup=args.warmup, repeats=args.repeats, budget_s=args.budget_s, graphs_requested=graphs,
-                command="python " + " ".join(sys.argv), dry_run=args.dry_run, weights="checkpoint" if args.target else "random")
+                context=args.context, warmup=args.warmup, repeats=args.repeats, budget_s=args.budget_s,
+                graphs_requested=graphs, engine_batch_sizes=args.engine_batch_sizes,
+                engine_tokens=args.engine_tokens, command="python " + " ".join(sys.argv), dry_run=args.dry_run,
+                weights="checkpoint" if args.target else "random")
     meta["step_parity"] = step_parity(device)
     log(f"{gpu_name}: roofline spec {key}; static step vs speclab.model.forward max |diff| {meta['step_parity']:.2e}")
-    if args.target:
-        log(f"loading {args.target} and {args.draft}")
-        m = dict(target=load_model(args.target, dtype=dtype, device=device), draft=load_model(args.draft, dtype=dtype, device=device),
-                 target_spec=ModelSpec.load(args.target), draft_spec=ModelSpec.load(args.draft))
-    else:
-        names = ["tiny-2l", "tiny-1l"] if args.dry_run else ["llama-3-8b", "llama-3.2-1b"]
-        cfgs = ([dict(TINY, num_hidden_layers=2), dict(TINY, num_hidden_layers=1, tie_word_embeddings=True)] if args.dry_run
-                else [json.loads((CONFIGS / f"{n}.json").read_text()) for n in names])
-        m = dict(target=random_model(cfgs[0], dtype, device), draft=random_model(cfgs[1], dtype, device),
-                 target_spec=ModelSpec.from_config(cfgs[0], names[0]), draft_spec=ModelSpec.from_config(cfgs[1], names[1]))
+    m = load_models(args, dtype, device)
     meta.update(target=m["target_spec"].name, draft=m["draft_spec"].name, ridge=ridge(run["gpu"], dt),
                 c_derived=cost_ratio(m["draft_spec"], m["target_spec"], dt))
     log(f"target {meta['target']}, draft {meta['draft']}: models ready at {time.time() - t0:.1f} s")
-    sections = {n: dict(status="not run", records=[]) for n in ("bandwidth", "decode", "verify", "batch")}
-    for name, body in (("bandwidth", sec_bandwidth), ("decode", sec_decode), ("verify", sec_verify), ("batch", sec_batch)):
+    sections = {name: dict(status="not run", records=[]) for name in SECTIONS}
+    for name, body in SECTIONS.items():
         if over_budget(run):
-            sections[name]["status"] = "skipped (budget)"; log(f"[{name}] skipped: budget of {args.budget_s} s spent")
+            sections[name]["status"] = "skipped (budget)"
+            log(f"[{name}] skipped: budget of {args.budget_s} s spent")
         else:
             log(f"[{name}] at {time.time() - t0:.1f} s")
-            try: body(run, meta, sections[name], m)
+            try:
+                body(run, meta, sections[name], m)
             except Exception as e:  # noqa: BLE001 -- record (e.g. out of memory) and go on to the next section
-                sections[name]["status"] = f"error: {type(e).__name__}: {str(e)[:300]}"; log(f"  {sections[name]['status']}")
+                sections[name]["status"] = f"error: {type(e).__name__}: {str(e)[:300]}"
+                log(f"  {sections[name]['status']}")
                 free(run)
         meta.update(capture_error=run.get("capture_error"), wall_s=round(time.time() - t0, 1))
-        args.out.mkdir(parents=True, exist_ok=True)   # rewritten after every section: a killed run still leaves results
-        (args.out / "results.json").write_text(json.dumps(clean(dict(meta=meta, sections=sections)), indent=1) + "\n")
-        (args.out / "results.md").write_text(markdown(meta, sections))
+        write(args.out, meta, sections)
     log(f"wrote {args.out}/results.json and results.md in {meta['wall_s']} s")
     return 0
 

@@ -473,13 +473,12 @@ def prompt_ids(engine: "SpecDecoder", prompt: str | list[int], params: SamplingP
 
 def new_request(engine: "SpecDecoder", prompt: str | list[int], params: SamplingParams,
                 on_tokens: Callable[[list[int]], None] | None = None) -> RequestState:
-    "A checked request with its id, stop ids and generators (not queued yet)."
+    "A checked request with the engine's next id, its stop ids and generators (not queued, the id not yet taken)."
     ids = prompt_ids(engine, prompt, params)
     eos = getattr(engine.tokenizer, "eos_token_id", None)
     stop_ids = frozenset(params.stop_token_ids) | ({eos} if eos is not None and not params.ignore_eos else set())
     target_gen, draft_gen = _gens(params, engine.gen, engine.device)
-    engine.next_id += 1
-    return RequestState(engine.next_id - 1, ids, params, stop_ids, target_gen, draft_gen, on_tokens=on_tokens)
+    return RequestState(engine.next_id, ids, params, stop_ids, target_gen, draft_gen, on_tokens=on_tokens)
 
 # %% ../nbs/08_engine.ipynb #a1b2c3d7
 def request_blocks(engine: "SpecDecoder", r: RequestState) -> int:
@@ -651,6 +650,7 @@ class SpecDecoder:
         if self.scheduler is None:
             make_pool(self, self.num_blocks or max(pool_blocks(self), request_blocks(self, r)))
         check_fits(self, r)
+        self.next_id += 1
         self.requests[r.req_id] = r
         self.scheduler.add(r)
         return r.req_id
@@ -688,6 +688,8 @@ class SpecDecoder:
                 states[i] = new_request(self, prompt, sp, stream)
             except (ValueError, TypeError) as e:
                 outputs[i] = Output([], None, "error", f"{type(e).__name__}: {e}")
+                continue
+            self.next_id += 1
         if states and (self.scheduler is None or (self.num_blocks is None and not self.has_unfinished())):
             size_pool(self, list(states.values()))
         index = {}
