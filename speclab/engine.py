@@ -361,17 +361,21 @@ class Scheduler:
     def _keep_running(self, lookahead: Callable[[RequestState], int]) -> bool:
         "Reserve this step's slots for every running request, preempting the newest while blocks are short."
         preempted = False
+        size = self.block_manager.block_size
         for r in list(self.running.values()):
             if r.req_id not in self.running:                   # preempted to make room for an older request
                 continue
-            while not self._fits(r, lookahead(r)):
+            k = lookahead(r)
+            if len(r.block_table) * size >= len(r.tokens) + k:  # the usual case: its blocks already cover the step
+                continue
+            while not self._fits(r, k):
                 victim = next(reversed(self.running.values()))
                 self.preempt(victim)
                 preempted = True
                 if victim is r:
                     break
             if r.req_id in self.running:
-                self.block_manager.reserve(r.req_id, lookahead(r))
+                self.block_manager.reserve(r.req_id, k)
         return preempted
 
     def _admit(self, lookahead: Callable[[RequestState], int]) -> None:
@@ -383,13 +387,14 @@ class Scheduler:
             if r.kv is None:
                 bm.add_request(r.req_id, r.prompt_ids + r.output_ids)
                 r.kv = bm.requests[r.req_id]
-            need = r.num_tokens_to_compute(lookahead(r))
-            if (need > budget and self.running) or not self._fits(r, lookahead(r)):
+            k = lookahead(r)
+            need = r.num_tokens_to_compute(k)
+            if (need > budget and self.running) or not self._fits(r, k):
                 if r.kv.block_ids:                             # give back the prefix hits add_request claimed
                     bm.finish(r.req_id)
                     r.kv = None
                 break
-            bm.reserve(r.req_id, lookahead(r))
+            bm.reserve(r.req_id, k)
             r.num_draft_computed = r.kv.num_computed_tokens    # a prefix-cache hit holds the draft's K/V too
             self.num_cached_tokens += r.kv.num_computed_tokens
             r.status = RUNNING
