@@ -110,7 +110,8 @@ def law_counts(kappa, drafter, backend, n, groups=tuple(GROUPS)):
             if i % GREEDY_EVERY == 0: batch.append(greedy); setting.append(-1)
             batch.append(params[i % G]); setting.append(i % G)
         eng = SpecDecoder(target, make_drafter(drafter), kappa=kappa, backend=backend, max_num_seqs=len(batch),
-                          seed=engine_seed(kappa, drafter, backend, n, call))   # one call: one batch, as all join at once
+                          max_num_batched_tokens=2 ** 20,      # one call: one batch, as all join at once
+                          seed=engine_seed(kappa, drafter, backend, n, call))
         outs = eng.generate([PROMPT] * len(batch), batch)
         assert all(o.finish_reason == "length" and len(o.token_ids) == greedy.max_tokens for o in outs)
         assert all(o.token_ids == greedy_ref for o, p in zip(outs, batch) if p.greedy)
