@@ -6,9 +6,9 @@
 __all__ = ['WAITING', 'RUNNING', 'FINISHED', 'DRAFT_SALT', 'DEFAULT_KV_BYTES', 'SamplingParams', 'Output', 'RequestState',
            'StepOutput', 'ngram_propose', 'NgramDrafter', 'request_probs', 'ModelDrafter', 'SpecMetrics',
            'kappa_for_batch', 'check_schedule', 'stop_cut', 'final_text', 'Scheduler', 'check_engine_args',
-           'check_pair', 'check_batch', 'prompt_ids', 'new_request', 'request_blocks', 'block_bytes', 'pool_blocks',
-           'make_pool', 'size_pool', 'check_fits', 'lookahead', 'step_kappas', 'propose', 'verify', 'commit', 'emit',
-           'SpecDecoder']
+           'check_pair', 'check_batch', 'SpecDecoder', 'prompt_ids', 'new_request', 'request_blocks', 'block_bytes',
+           'pool_blocks', 'make_pool', 'size_pool', 'check_fits', 'lookahead', 'step_kappas', 'propose', 'verify',
+           'commit', 'emit']
 
 # %% ../nbs/08_engine.ipynb #fba7d837
 import math
@@ -437,171 +437,6 @@ def check_batch(prompts: list[str | list[int]], params: SamplingParams | list[Sa
         raise ValueError(f"params has {len(params)} entries for {len(prompts)} prompts")
     return params
 
-# %% ../nbs/08_engine.ipynb #cfeedb7a
-# A seeded request's target generator is seeded with its seed, its draft generator with seed + DRAFT_SALT (mod 2**63):
-# two distinct streams. The salt is 2**64 / golden ratio rounded down, the odd constant SplitMix64 adds per step.
-DRAFT_SALT = 0x9E3779B97F4A7C15
-
-def _gens(params, shared, device):
-    "Per request: (target generator, draft generator). Seeded requests own theirs; the rest share the engine's."
-    if params.seed is None:
-        return shared, shared
-    target_gen = torch.Generator(device=device).manual_seed(params.seed)
-    draft_gen = torch.Generator(device=device).manual_seed((params.seed + DRAFT_SALT) % 2 ** 63)
-    return target_gen, draft_gen
-
-def prompt_ids(engine: "SpecDecoder", prompt: str | list[int], params: SamplingParams) -> list[int]:
-    "The request's prompt ids, or a ValueError/TypeError naming what is wrong with the request."
-    if not isinstance(params, SamplingParams):
-        raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-    if isinstance(prompt, str):
-        if engine.tokenizer is None:
-            raise ValueError("a text prompt needs a tokenizer")
-        prompt = engine.tokenizer(prompt)["input_ids"]
-    ids = [int(t) for t in prompt]
-    V = engine.target.args.vocab_size
-    if not ids:
-        raise ValueError("prompt must hold at least one token")
-    if min(ids) < 0 or max(ids) >= V:
-        raise ValueError(f"prompt token ids must lie in [0, {V})")
-    if len(ids) + params.max_tokens > engine.context:
-        raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
-                         f"of {engine.context} positions")
-    if params.stop and engine.tokenizer is None:
-        raise ValueError("stop strings need a tokenizer")
-    if any(t >= V for t in params.stop_token_ids):
-        raise ValueError(f"stop_token_ids must lie in [0, {V})")
-    eos = getattr(engine.tokenizer, "eos_token_id", None)
-    if params.ignore_eos and eos in params.stop_token_ids:
-        raise ValueError(f"ignore_eos=True conflicts with the EOS id {eos} in stop_token_ids")
-    return ids
-
-def new_request(engine: "SpecDecoder", prompt: str | list[int], params: SamplingParams,
-                on_tokens: Callable[[list[int]], None] | None = None) -> RequestState:
-    "A checked request with the engine's next id, its stop ids and generators (not queued, the id not yet taken)."
-    ids = prompt_ids(engine, prompt, params)
-    eos = getattr(engine.tokenizer, "eos_token_id", None)
-    stop_ids = frozenset(params.stop_token_ids) | ({eos} if eos is not None and not params.ignore_eos else set())
-    target_gen, draft_gen = _gens(params, engine.gen, engine.device)
-    return RequestState(engine.next_id, ids, params, stop_ids, target_gen, draft_gen, on_tokens=on_tokens)
-
-# %% ../nbs/08_engine.ipynb #a1b2c3d7
-def request_blocks(engine: "SpecDecoder", r: RequestState) -> int:
-    "Blocks r needs at its longest: prompt, every token it may emit, and the draft slots of its last step."
-    return -(-(len(r.prompt_ids) + r.params.max_tokens + engine.kappa_max + 1) // engine.block_size)
-
-DEFAULT_KV_BYTES = 256 * 2 ** 20  # the K/V memory of an online engine whose num_blocks is not given
-
-def block_bytes(engine: "SpecDecoder") -> int:
-    "Bytes of one block: K and V of every layer of the target and of a model drafter."
-    models = [engine.target] + ([engine.drafter.model] if isinstance(engine.drafter, ModelDrafter) else [])
-    per_token = [2 * m.args.num_layers * m.args.num_kv_heads * m.args.head_dim * m.head_weight.element_size()
-                 for m in models]
-    return sum(per_token) * engine.block_size
-
-def pool_blocks(engine: "SpecDecoder", requests: list[RequestState] | None = None) -> int:
-    "Pool size when num_blocks is not given: a full batch of the longest of `requests`, or DEFAULT_KV_BYTES online."
-    if requests:
-        return min(engine.max_num_seqs, len(requests)) * max(request_blocks(engine, r) for r in requests)
-    full = engine.max_num_seqs * -(-min(engine.context, 2 ** 20) // engine.block_size)
-    return max(1, min(full, DEFAULT_KV_BYTES // block_bytes(engine)))
-
-def make_pool(engine: "SpecDecoder", num_blocks: int) -> None:
-    "Allocate the paged K/V of the target (and of a model drafter, same blocks) and a scheduler over them."
-    window = engine.sliding_window
-    if window is not None and isinstance(engine.drafter, ModelDrafter):
-        window += 1                                            # the draft's queries lag the target's by one position
-    bm = BlockManager(num_blocks, engine.block_size, window, enable_prefix_caching=engine.enable_prefix_caching)
-    w = engine.target.head_weight
-    engine.cache = paged_cache(engine.target.args, num_blocks, engine.block_size, w.dtype, w.device)
-    if engine.drafter is not None:
-        engine.drafter.bind(num_blocks, engine.block_size, engine.sliding_window)
-    engine.scheduler = Scheduler(bm, engine.max_num_seqs, engine.max_num_batched_tokens)
-
-def size_pool(engine: "SpecDecoder", requests: list[RequestState]) -> None:
-    "Make the pool (num_blocks, or one sized for `requests`); an idle engine grows it when the requests need more."
-    need = engine.num_blocks or pool_blocks(engine, requests)
-    if engine.scheduler is None or engine.block_manager.num_blocks < need:
-        make_pool(engine, need)
-
-def check_fits(engine: "SpecDecoder", r: RequestState) -> None:
-    "A request that could not run even alone in the pool is refused: it would wait forever."
-    need = request_blocks(engine, r)
-    if need > engine.block_manager.num_blocks:
-        raise ValueError(f"the request needs {need} KV blocks (prompt + max_tokens + kappa), the pool holds "
-                         f"{engine.block_manager.num_blocks}: raise num_blocks or lower max_tokens")
-
-# %% ../nbs/08_engine.ipynb #a1b2c3d8
-def lookahead(engine: "SpecDecoder", r: RequestState) -> int:
-    "The most drafts r may get this step (the slots to reserve): its kappa cap, its tokens and context left."
-    if engine.drafter is None:
-        return 0
-    cap = engine.kappa_max if r.params.kappa is None else min(r.params.kappa, engine.kappa_max)
-    return max(0, min(cap, r.params.max_tokens - len(r.output_ids) - 1, engine.context - len(r.tokens)))
-
-def step_kappas(engine: "SpecDecoder", batch: list[RequestState]) -> list[int]:
-    "Step 1: the schedule's kappa for the live batch size, capped per request."
-    k = kappa_for_batch(engine.kappa, len(batch)) if engine.drafter is not None else 0
-    return [min(k, lookahead(engine, r)) for r in batch]
-
-def propose(engine: "SpecDecoder", batch: list[RequestState],
-            kappas: list[int]) -> tuple[list[list[int]], torch.Tensor | None]:
-    "Step 2: the drafter's tokens per request and their q rows (a model drafter catches every request up first)."
-    drafter = engine.drafter
-    if drafter is None or not (any(kappas) or engine.enable_prefix_caching and drafter.uses_probs):
-        return [[] for _ in batch], None
-    drafts, draft_probs = drafter.propose(batch, kappas)
-    if draft_probs is None and drafter.uses_probs and any(drafts):
-        raise RuntimeError("drafter returned drafts without their q rows")
-    return drafts, draft_probs
-
-def verify(engine: "SpecDecoder", batch: list[RequestState], drafts: list[list[int]],
-           draft_probs: torch.Tensor | None) -> torch.Tensor:
-    "Steps 3-4: slots for every draft, one target forward over the batch, then the sampler: output_token_ids."
-    bm = engine.block_manager
-    steps = [bm.schedule(r.req_id, d) for r, d in zip(batch, drafts)]
-    blocks = [s.token_ids for s in steps]
-    pb = paged_batch(blocks, [s.positions[0] for s in steps], [r.block_table for r in batch], engine.block_size,
-                     engine.device, engine.sliding_window)
-    cu_num_scheduled_tokens = torch.tensor([len(b) for b in blocks]).cumsum(0)
-    engine.stats["target_tokens"] += int(cu_num_scheduled_tokens[-1])
-    md = SpecDecodeMetadata.from_drafts(drafts, cu_num_scheduled_tokens, device=engine.device)
-    logits = forward_paged(engine.target, engine.cache, pb, md.logits_indices)
-    sampling = SamplingMetadata.from_lists([r.params.temperature for r in batch], [r.params.top_k for r in batch],
-                                           [r.params.top_p for r in batch], [r.target_gen for r in batch],
-                                           engine.device)
-    return engine.sampler(md, logits, draft_probs, sampling, engine.backend)
-
-def _unpad(out):
-    "Rows of the sampler's output without their placeholder slots: the tokens each request emitted."
-    counts = (out != PLACEHOLDER_TOKEN_ID).sum(1).tolist()
-    return [row[:k] for row, k in zip(out.tolist(), counts)]
-
-def commit(engine: "SpecDecoder", batch: list[RequestState], drafts: list[list[int]],
-           output_token_ids: torch.Tensor) -> list[StepOutput]:
-    "Steps 5-7: roll back the rejected drafts in both caches, count, cut at stops, finish requests."
-    results = []
-    for r, d, new in zip(batch, drafts, _unpad(output_token_ids)):
-        num_accepted = len(new) - 1
-        engine.block_manager.commit(r.req_id, num_accepted, new)     # the target keeps context + accepted drafts
-        r.num_draft_computed = min(r.num_draft_computed, len(r.tokens) - 1)   # so does the draft
-        engine.metrics.update(len(d), num_accepted)
-        results.append(emit(engine, r, new))
-    return results
-
-def emit(engine: "SpecDecoder", r: RequestState, new: list[int]) -> StepOutput:
-    "Append a step's tokens to r's output, cut at a stop, stream them; finish r when it is done."
-    keep, reason = stop_cut(new, r.output_ids, r.params, r.stop_ids, engine.tokenizer)
-    r.output_ids += new[:keep]
-    r.num_steps += 1
-    if r.on_tokens is not None and keep:
-        r.on_tokens(new[:keep])
-    if reason is None:
-        return StepOutput(r.req_id, new[:keep])
-    engine.scheduler.finish(engine.requests.pop(r.req_id))
-    text = final_text(r.output_ids, r.params, r.stop_ids, engine.tokenizer)
-    return StepOutput(r.req_id, new[:keep], Output(r.output_ids, text, reason, None, r.num_steps))
-
 # %% ../nbs/08_engine.ipynb #03ec5ad7
 class SpecDecoder:
     "The engine: requests join and leave at step boundaries; each step drafts, verifies, samples, commits, counts."
@@ -712,3 +547,168 @@ class SpecDecoder:
                 if out.finished is not None and out.req_id in index:
                     outputs[index[out.req_id]] = out.finished
         return outputs
+
+# %% ../nbs/08_engine.ipynb #cfeedb7a
+# A seeded request's target generator is seeded with its seed, its draft generator with seed + DRAFT_SALT (mod 2**63):
+# two distinct streams. The salt is 2**64 / golden ratio rounded down, the odd constant SplitMix64 adds per step.
+DRAFT_SALT = 0x9E3779B97F4A7C15
+
+def _gens(params, shared, device):
+    "Per request: (target generator, draft generator). Seeded requests own theirs; the rest share the engine's."
+    if params.seed is None:
+        return shared, shared
+    target_gen = torch.Generator(device=device).manual_seed(params.seed)
+    draft_gen = torch.Generator(device=device).manual_seed((params.seed + DRAFT_SALT) % 2 ** 63)
+    return target_gen, draft_gen
+
+def prompt_ids(engine: SpecDecoder, prompt: str | list[int], params: SamplingParams) -> list[int]:
+    "The request's prompt ids, or a ValueError/TypeError naming what is wrong with the request."
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+    if isinstance(prompt, str):
+        if engine.tokenizer is None:
+            raise ValueError("a text prompt needs a tokenizer")
+        prompt = engine.tokenizer(prompt)["input_ids"]
+    ids = [int(t) for t in prompt]
+    V = engine.target.args.vocab_size
+    if not ids:
+        raise ValueError("prompt must hold at least one token")
+    if min(ids) < 0 or max(ids) >= V:
+        raise ValueError(f"prompt token ids must lie in [0, {V})")
+    if len(ids) + params.max_tokens > engine.context:
+        raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
+                         f"of {engine.context} positions")
+    if params.stop and engine.tokenizer is None:
+        raise ValueError("stop strings need a tokenizer")
+    if any(t >= V for t in params.stop_token_ids):
+        raise ValueError(f"stop_token_ids must lie in [0, {V})")
+    eos = getattr(engine.tokenizer, "eos_token_id", None)
+    if params.ignore_eos and eos in params.stop_token_ids:
+        raise ValueError(f"ignore_eos=True conflicts with the EOS id {eos} in stop_token_ids")
+    return ids
+
+def new_request(engine: SpecDecoder, prompt: str | list[int], params: SamplingParams,
+                on_tokens: Callable[[list[int]], None] | None = None) -> RequestState:
+    "A checked request with the engine's next id, its stop ids and generators (not queued, the id not yet taken)."
+    ids = prompt_ids(engine, prompt, params)
+    eos = getattr(engine.tokenizer, "eos_token_id", None)
+    stop_ids = frozenset(params.stop_token_ids) | ({eos} if eos is not None and not params.ignore_eos else set())
+    target_gen, draft_gen = _gens(params, engine.gen, engine.device)
+    return RequestState(engine.next_id, ids, params, stop_ids, target_gen, draft_gen, on_tokens=on_tokens)
+
+# %% ../nbs/08_engine.ipynb #a1b2c3d7
+def request_blocks(engine: SpecDecoder, r: RequestState) -> int:
+    "Blocks r needs at its longest: prompt, every token it may emit, and the draft slots of its last step."
+    return -(-(len(r.prompt_ids) + r.params.max_tokens + engine.kappa_max + 1) // engine.block_size)
+
+DEFAULT_KV_BYTES = 256 * 2 ** 20  # the K/V memory of an online engine whose num_blocks is not given
+
+def block_bytes(engine: SpecDecoder) -> int:
+    "Bytes of one block: K and V of every layer of the target and of a model drafter."
+    models = [engine.target] + ([engine.drafter.model] if isinstance(engine.drafter, ModelDrafter) else [])
+    per_token = [2 * m.args.num_layers * m.args.num_kv_heads * m.args.head_dim * m.head_weight.element_size()
+                 for m in models]
+    return sum(per_token) * engine.block_size
+
+def pool_blocks(engine: SpecDecoder, requests: list[RequestState] | None = None) -> int:
+    "Pool size when num_blocks is not given: a full batch of the longest of `requests`, or DEFAULT_KV_BYTES online."
+    if requests:
+        return min(engine.max_num_seqs, len(requests)) * max(request_blocks(engine, r) for r in requests)
+    full = engine.max_num_seqs * -(-min(engine.context, 2 ** 20) // engine.block_size)
+    return max(1, min(full, DEFAULT_KV_BYTES // block_bytes(engine)))
+
+def make_pool(engine: SpecDecoder, num_blocks: int) -> None:
+    "Allocate the paged K/V of the target (and of a model drafter, same blocks) and a scheduler over them."
+    window = engine.sliding_window
+    if window is not None and isinstance(engine.drafter, ModelDrafter):
+        window += 1                                            # the draft's queries lag the target's by one position
+    bm = BlockManager(num_blocks, engine.block_size, window, enable_prefix_caching=engine.enable_prefix_caching)
+    w = engine.target.head_weight
+    engine.cache = paged_cache(engine.target.args, num_blocks, engine.block_size, w.dtype, w.device)
+    if engine.drafter is not None:
+        engine.drafter.bind(num_blocks, engine.block_size, engine.sliding_window)
+    engine.scheduler = Scheduler(bm, engine.max_num_seqs, engine.max_num_batched_tokens)
+
+def size_pool(engine: SpecDecoder, requests: list[RequestState]) -> None:
+    "Make the pool (num_blocks, or one sized for `requests`); an idle engine grows it when the requests need more."
+    need = engine.num_blocks or pool_blocks(engine, requests)
+    if engine.scheduler is None or engine.block_manager.num_blocks < need:
+        make_pool(engine, need)
+
+def check_fits(engine: SpecDecoder, r: RequestState) -> None:
+    "A request that could not run even alone in the pool is refused: it would wait forever."
+    need = request_blocks(engine, r)
+    if need > engine.block_manager.num_blocks:
+        raise ValueError(f"the request needs {need} KV blocks (prompt + max_tokens + kappa), the pool holds "
+                         f"{engine.block_manager.num_blocks}: raise num_blocks or lower max_tokens")
+
+# %% ../nbs/08_engine.ipynb #a1b2c3d8
+def lookahead(engine: SpecDecoder, r: RequestState) -> int:
+    "The most drafts r may get this step (the slots to reserve): its kappa cap, its tokens and context left."
+    if engine.drafter is None:
+        return 0
+    cap = engine.kappa_max if r.params.kappa is None else min(r.params.kappa, engine.kappa_max)
+    return max(0, min(cap, r.params.max_tokens - len(r.output_ids) - 1, engine.context - len(r.tokens)))
+
+def step_kappas(engine: SpecDecoder, batch: list[RequestState]) -> list[int]:
+    "Step 1: the schedule's kappa for the live batch size, capped per request."
+    k = kappa_for_batch(engine.kappa, len(batch)) if engine.drafter is not None else 0
+    return [min(k, lookahead(engine, r)) for r in batch]
+
+def propose(engine: SpecDecoder, batch: list[RequestState],
+            kappas: list[int]) -> tuple[list[list[int]], torch.Tensor | None]:
+    "Step 2: the drafter's tokens per request and their q rows (a model drafter catches every request up first)."
+    drafter = engine.drafter
+    if drafter is None or not (any(kappas) or engine.enable_prefix_caching and drafter.uses_probs):
+        return [[] for _ in batch], None
+    drafts, draft_probs = drafter.propose(batch, kappas)
+    if draft_probs is None and drafter.uses_probs and any(drafts):
+        raise RuntimeError("drafter returned drafts without their q rows")
+    return drafts, draft_probs
+
+def verify(engine: SpecDecoder, batch: list[RequestState], drafts: list[list[int]],
+           draft_probs: torch.Tensor | None) -> torch.Tensor:
+    "Steps 3-4: slots for every draft, one target forward over the batch, then the sampler: output_token_ids."
+    bm = engine.block_manager
+    steps = [bm.schedule(r.req_id, d) for r, d in zip(batch, drafts)]
+    blocks = [s.token_ids for s in steps]
+    pb = paged_batch(blocks, [s.positions[0] for s in steps], [r.block_table for r in batch], engine.block_size,
+                     engine.device, engine.sliding_window)
+    cu_num_scheduled_tokens = torch.tensor([len(b) for b in blocks]).cumsum(0)
+    engine.stats["target_tokens"] += int(cu_num_scheduled_tokens[-1])
+    md = SpecDecodeMetadata.from_drafts(drafts, cu_num_scheduled_tokens, device=engine.device)
+    logits = forward_paged(engine.target, engine.cache, pb, md.logits_indices)
+    sampling = SamplingMetadata.from_lists([r.params.temperature for r in batch], [r.params.top_k for r in batch],
+                                           [r.params.top_p for r in batch], [r.target_gen for r in batch],
+                                           engine.device)
+    return engine.sampler(md, logits, draft_probs, sampling, engine.backend)
+
+def _unpad(out):
+    "Rows of the sampler's output without their placeholder slots: the tokens each request emitted."
+    counts = (out != PLACEHOLDER_TOKEN_ID).sum(1).tolist()
+    return [row[:k] for row, k in zip(out.tolist(), counts)]
+
+def commit(engine: SpecDecoder, batch: list[RequestState], drafts: list[list[int]],
+           output_token_ids: torch.Tensor) -> list[StepOutput]:
+    "Steps 5-7: roll back the rejected drafts in both caches, count, cut at stops, finish requests."
+    results = []
+    for r, d, new in zip(batch, drafts, _unpad(output_token_ids)):
+        num_accepted = len(new) - 1
+        engine.block_manager.commit(r.req_id, num_accepted, new)     # the target keeps context + accepted drafts
+        r.num_draft_computed = min(r.num_draft_computed, len(r.tokens) - 1)   # so does the draft
+        engine.metrics.update(len(d), num_accepted)
+        results.append(emit(engine, r, new))
+    return results
+
+def emit(engine: SpecDecoder, r: RequestState, new: list[int]) -> StepOutput:
+    "Append a step's tokens to r's output, cut at a stop, stream them; finish r when it is done."
+    keep, reason = stop_cut(new, r.output_ids, r.params, r.stop_ids, engine.tokenizer)
+    r.output_ids += new[:keep]
+    r.num_steps += 1
+    if r.on_tokens is not None and keep:
+        r.on_tokens(new[:keep])
+    if reason is None:
+        return StepOutput(r.req_id, new[:keep])
+    engine.scheduler.finish(engine.requests.pop(r.req_id))
+    text = final_text(r.output_ids, r.params, r.stop_ids, engine.tokenizer)
+    return StepOutput(r.req_id, new[:keep], Output(r.output_ids, text, reason, None, r.num_steps))
