@@ -6,13 +6,15 @@
 __all__ = ['ROPE_TYPES', 'DEFAULT_ROPE_THETA', 'PACKED_MODULES', 'Attend', 'TOKENIZER_FILES', 'LlamaArgs', 'rope_inv_freq',
            'rope_cos_sin', 'apply_rope', 'packed_rows', 'RMSNorm', 'Llama', 'hf_state_dict', 'pack_state_dict', 'mlp',
            'decoder_layer', 'KVCache', 'cache_attend', 'forward', 'PagedBatch', 'paged_batch', 'paged_cache',
-           'paged_attend', 'forward_paged', 'checkpoint_folder', 'load_state_dict', 'load_model', 'load_tokenizer',
-           'generate']
+           'paged_attend', 'paged_logits', 'forward_paged', 'compile_paged', 'checkpoint_folder', 'load_state_dict',
+           'load_model', 'load_tokenizer', 'generate']
 
 # %% ../nbs/07_model.ipynb #ee87f1eb
+import itertools
 import json
 import math
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -121,8 +123,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:   # nothing to round: one fused op
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 def _layer(a):
     attn = nn.Module()
@@ -149,6 +152,7 @@ class Llama(nn.Module):
         self.model.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.lm_head = None if args.tied_embeddings else _linear(args.hidden_size, args.vocab_size, False)
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
+        self.compiled_paged_logits = None    # paged_logits under torch.compile, once compile_paged has run
 
     @property
     def head_weight(self) -> torch.Tensor:
@@ -205,12 +209,10 @@ def mlp(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def decoder_layer(layer: nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend,
                   args: LlamaArgs) -> torch.Tensor:
     "One Llama layer on x [..., hidden]: norm, qkv, RoPE, attend, o_proj, residual; norm, SwiGLU MLP, residual."
-    at, hd = layer.self_attn, args.head_dim
-    q_rows, kv_rows = args.num_heads * hd, args.num_kv_heads * hd
-    q, k, v = at.qkv_proj(layer.input_layernorm(x)).split([q_rows, kv_rows, kv_rows], -1)
-    q = apply_rope(q.unflatten(-1, (args.num_heads, hd)), cos, sin)
-    k = apply_rope(k.unflatten(-1, (args.num_kv_heads, hd)), cos, sin)
-    o = attend(q, k, v.unflatten(-1, (args.num_kv_heads, hd)))
+    at, hd, heads, kv_heads = layer.self_attn, args.head_dim, args.num_heads, args.num_kv_heads
+    qkv = at.qkv_proj(layer.input_layernorm(x)).unflatten(-1, (heads + 2 * kv_heads, hd))
+    q, k = apply_rope(qkv[..., :heads + kv_heads, :], cos, sin).split([heads, kv_heads], -2)  # one rotation for both
+    o = attend(q, k, qkv[..., heads + kv_heads:, :])
     x = x + at.o_proj(o.flatten(-2))
     return x + mlp(layer, layer.post_attention_layernorm(x))
 
@@ -313,9 +315,8 @@ class PagedBatch:
     context_lens: torch.Tensor        # [B] keys each request's last query sees (its last position + 1)
     last_token_indices: torch.Tensor  # [B] flat row of each request's last token
     key_slots: torch.Tensor           # [B, L] slot of each key a request may read (padding: its last token's slot)
-    attn_mask: torch.Tensor           # [B, 1, T, L] bool: query t of request b sees key l
-    query_index: torch.Tensor | None  # [B, T] flat row of each padded query (None: every request feeds T tokens)
-    output_index: torch.Tensor | None  # [N] padded row b * T + t of each flat token (None likewise)
+    attn_mask: torch.Tensor | None    # [B, 1, T, L] bool: query t of request b sees key l (None: every query sees all)
+    groups: list                      # per query length: (rows, key_slots, attn_mask) of its requests; see below
     block_size: int                   # positions per block, checked against the cache
     max_block: int                    # the largest block id the step reads or writes, checked against the cache
     max_position: int                 # the largest position fed, checked against the model's context
@@ -330,7 +331,7 @@ def _is_index(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
 def _check_paged_batch(blocks, starts, block_tables, block_size, sliding_window):
-    "Shapes and types of paged_batch's arguments; every list as Python ints."
+    "Types and lengths of paged_batch's arguments, O(1) per request: no walk over tokens or block ids."
     if not _is_index(block_size) or block_size < 1:
         raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
     if sliding_window is not None and (not _is_index(sliding_window) or sliding_window < 1):
@@ -346,74 +347,108 @@ def _check_paged_batch(blocks, starts, block_tables, block_size, sliding_window)
     for b, (block, start, table) in enumerate(zip(blocks, starts, block_tables)):
         if not len(block):
             raise ValueError(f"blocks[{b}] is empty: every request in a step feeds at least one token")
-        if not all(_is_index(t) and t >= 0 for t in block):
-            raise ValueError(f"blocks[{b}] must hold token ids (ints >= 0), got {list(block)[:8]}")
         if not _is_index(start) or start < 0:
             raise ValueError(f"starts[{b}] must be an int >= 0, got {start!r}")
-        if not all(_is_index(i) and (i >= 0 or i == FREED) for i in table):
-            raise ValueError(f"block_tables[{b}] must hold block ids (ints >= 0, or FREED), got {list(table)[:8]}")
         end = start + len(block)
         if len(table) * block_size < end:
             raise ValueError(f"block_tables[{b}] holds {len(table)} block(s) ({len(table) * block_size} positions) "
                              f"but request {b} feeds up to position {end - 1}")
-        freed = [p for p in range(start, end) if table[p // block_size] == FREED]
-        if freed:
-            raise ValueError(f"request {b} writes position {freed[0]} into logical block {freed[0] // block_size}, "
-                             "which was freed")
+
+def _ids(lists, low):
+    "lists as one int64 tensor when every entry is an int >= low, else None (the caller then names the culprit)."
+    try:
+        ids = torch.tensor(lists)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        return None
+    if ids.dtype != torch.int64 or int(ids.min()) < low:
+        return None
+    return ids
+
+def _first_bad(lists, ok):
+    "Index of the first list with an entry that fails ok: the slow path, walked only after a bulk check failed."
+    return next((b for b, xs in enumerate(lists) if not all(ok(x) for x in xs)), 0)
+
+def _touched_blocks(starts, ends, first_keys, block_tables, block_size, sliding_window):
+    "The largest block id the step reads or writes; an error if one of them was freed (a slice scan per request)."
+    max_block = 0
+    for b, (start, end, first, table) in enumerate(zip(starts, ends, first_keys, block_tables)):
+        touched = table[first // block_size:(end - 1) // block_size + 1]
+        if FREED in touched:
+            p = max(first, (first // block_size + list(touched).index(FREED)) * block_size)
+            if p >= start:
+                raise ValueError(f"request {b} writes position {p} into logical block {p // block_size}, "
+                                 "which was freed")
+            raise ValueError(f"request {b} attends to position {p}, but logical block {p // block_size} of its block "
+                             f"table was freed (sliding_window={sliding_window})")
+        max_block = max(max_block, max(touched))
+    return max_block
+
+def _group(n, query_lens, first_rows, ends, first_keys, key_slots, mask, device):
+    "The requests that feed n tokens: their flat rows, the slots of their keys, and their mask (None: not needed)."
+    members = [b for b, m in enumerate(query_lens) if m == n]
+    rows = torch.tensor([first_rows[b] + i for b in members for i in range(n)], device=device)
+    widths = [ends[b] - first_keys[b] for b in members]
+    index = torch.tensor(members)
+    group_mask = None
+    if n > 1 or min(widths) < max(widths):
+        group_mask = mask[index, :, :n, :max(widths)].to(device)
+    return rows, key_slots[index, :max(widths)].to(device), group_mask
 
 def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[list[int]], block_size: int,
                 device: str | torch.device = "cpu", sliding_window: int | None = None) -> PagedBatch:
     "Index tensors of one paged forward: request b feeds blocks[b] at positions starts[b], starts[b] + 1, ..."
     _check_paged_batch(blocks, starts, block_tables, block_size, sliding_window)
-    B = len(blocks)
-    query_lens = torch.tensor([len(block) for block in blocks])
-    N, T = int(query_lens.sum()), int(query_lens.max())
-    first_row = torch.cumsum(query_lens, 0) - query_lens               # [B] flat row of each request's first token
-    start = torch.tensor(list(starts))
-    end = start + query_lens                                           # [B] context_lens
-    if sliding_window is None:
-        first_key = torch.zeros_like(start)                            # [B] the first query's earliest key
-    else:
-        first_key = (start - sliding_window + 1).clamp(min=0)
-    L = int((end - first_key).max())
-    table = torch.full((B, max(len(t) for t in block_tables)), FREED)
-    for b, t in enumerate(block_tables):
-        table[b, :len(t)] = torch.tensor(list(t), dtype=torch.int64)
-    # the queries: flat rows, and the padded [B, T] layout (padding repeats a request's last query)
-    req = torch.repeat_interleave(torch.arange(B), query_lens)         # [N] request of each row
-    offset = torch.arange(N) - first_row[req]                          # [N] index of each row inside its request
-    positions = start[req] + offset
-    slot_mapping = table[req, positions // block_size] * block_size + positions % block_size
-    last_row = first_row + query_lens - 1
-    query_rows = first_row[:, None] + torch.minimum(torch.arange(T)[None], query_lens[:, None] - 1)   # [B, T]
-    query_pos = positions[query_rows]
-    # the keys: positions [first_key, end) of each request, padded to L
-    key_pos = first_key[:, None] + torch.arange(L)[None]               # [B, L]
-    key_real = key_pos < end[:, None]
-    key_pos = torch.minimum(key_pos, end[:, None] - 1)                 # padding: looked up as the last position
-    key_block = table.gather(1, key_pos // block_size)
-    freed = key_real & (key_block == FREED)
-    if freed.any():
-        b, i = (int(v) for v in freed.nonzero()[0])
-        p = int(key_pos[b, i])
-        raise ValueError(f"request {b} attends to position {p}, but logical block {p // block_size} of its block "
-                         f"table was freed (sliding_window={sliding_window})")
-    key_slots = torch.where(key_real, key_block * block_size + key_pos % block_size, slot_mapping[last_row][:, None])
-    mask = key_real[:, None] & (key_pos[:, None] <= query_pos[:, :, None])
-    if sliding_window is not None:
-        mask &= key_pos[:, None] > query_pos[:, :, None] - sliding_window
-    if len(set(slot_mapping.tolist())) != N:
+    width = max(len(t) for t in block_tables)
+    table = _ids([list(t) + [FREED] * (width - len(t)) for t in block_tables], FREED)     # [B, width]
+    if table is None:
+        b = _first_bad(block_tables, lambda i: _is_index(i) and (i >= 0 or i == FREED))
+        raise ValueError(f"block_tables[{b}] must hold block ids (ints >= 0, or FREED), "
+                         f"got {list(block_tables[b])[:8]}")
+    query_lens = [len(block) for block in blocks]
+    N, T = sum(query_lens), max(query_lens)
+    ends = [s + n for s, n in zip(starts, query_lens)]                 # context_lens
+    first_keys = [0 if sliding_window is None else max(0, s - sliding_window + 1) for s in starts]
+    max_block = _touched_blocks(starts, ends, first_keys, block_tables, block_size, sliding_window)
+    # per token, on the host: its id, its position and its slot, then one tensor for the three
+    flat = list(itertools.chain.from_iterable(blocks))
+    positions = list(itertools.chain.from_iterable(range(s, e) for s, e in zip(starts, ends)))
+    slots = [t[p // block_size] * block_size + p % block_size
+             for t, s, e in zip(block_tables, starts, ends) for p in range(s, e)]
+    rows = _ids([flat, positions, slots], 0)
+    if rows is None:
+        b = _first_bad(blocks, lambda t: _is_index(t) and t >= 0)
+        raise ValueError(f"blocks[{b}] must hold token ids (ints >= 0), got {list(blocks[b])[:8]}")
+    if N > 1 and len(set(slots)) != N:
         raise ValueError("two tokens of the step would write the same slot: block tables must not share the "
                          "blocks they write")
-    ragged = bool((query_lens != T).any())
-    flat = [t for block in blocks for t in block]
+    # per request: the slots of the keys it may read, positions first_key .. first_key + L - 1 (padding: its last)
+    L = max(e - f for e, f in zip(ends, first_keys))                   # the keys of the widest request
+    first_rows = list(itertools.accumulate(query_lens, initial=0))[:-1]
+    last_rows = [f + n - 1 for f, n in zip(first_rows, query_lens)]
+    per_request = torch.tensor([first_keys, ends, starts, query_lens, last_rows])
+    key_pos = per_request[0, :, None] + torch.arange(L)                # [B, L]
+    real_pos = torch.minimum(key_pos, per_request[1, :, None] - 1)
+    key_slots = table.gather(1, real_pos // block_size) * block_size + real_pos % block_size
+    mask = None
+    if T > 1 or any(e - f != L for e, f in zip(ends, first_keys)):    # else each query sees every key of its row
+        offset = torch.minimum(torch.arange(T), per_request[3, :, None] - 1)    # [B, T]: padding repeats the last
+        query_pos = per_request[2, :, None] + offset
+        mask = (key_pos < per_request[1, :, None])[:, None] & (key_pos[:, None] <= query_pos[:, :, None])
+        if sliding_window is not None:
+            mask &= key_pos[:, None] > query_pos[:, :, None] - sliding_window
+        mask = mask[:, None]
+    if any(n != T for n in query_lens):                                # ragged: one attention per query length
+        groups = [_group(n, query_lens, first_rows, ends, first_keys, key_slots, mask, device)
+                  for n in sorted(set(query_lens))]
+    else:                                                              # one group: the whole batch, in order
+        groups = [(None, key_slots.to(device), None if mask is None else mask.to(device))]
+    rows = rows.to(device)
+    per_request = per_request.to(device)
     return PagedBatch(
-        token_ids=torch.tensor(flat, dtype=torch.int64, device=device), positions=positions.to(device),
-        slot_mapping=slot_mapping.to(device), query_lens=query_lens.tolist(), context_lens=end.to(device),
-        last_token_indices=last_row.to(device), key_slots=key_slots.to(device), attn_mask=mask[:, None].to(device),
-        query_index=query_rows.to(device) if ragged else None,
-        output_index=(req * T + offset).to(device) if ragged else None, block_size=block_size,
-        max_block=int(key_block[key_real].max()), max_position=int(end.max()) - 1, max_token_id=max(flat))
+        token_ids=rows[0], positions=rows[1], slot_mapping=rows[2], query_lens=query_lens,
+        context_lens=per_request[1], last_token_indices=per_request[4], key_slots=key_slots.to(device),
+        attn_mask=None if mask is None else mask.to(device), groups=groups, block_size=block_size,
+        max_block=max_block, max_position=max(ends) - 1, max_token_id=max(flat))
 
 # %% ../nbs/07_model.ipynb #7a9e0c08
 def paged_cache(args: LlamaArgs, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32,
@@ -425,22 +460,30 @@ def paged_cache(args: LlamaArgs, num_blocks: int, block_size: int, dtype: torch.
     return [PagedKV(num_blocks, block_size, args.num_kv_heads, args.head_dim, dtype, device)
             for _ in range(args.num_layers)]
 
+def _attend_group(q, k, k_pool, v_pool, rows, key_slots, mask):
+    "Attention of one group: the queries at `rows` (None: all of q) over the keys at `key_slots` [B, L]."
+    (B, L), (heads, hd), kv_heads = key_slots.shape, q.shape[1:], k.shape[1]   # head counts: from the layer's own
+    if rows is not None:
+        q = q.index_select(0, rows)
+    keys = k_pool.index_select(0, key_slots.view(-1)).view(B, L, kv_heads, hd).transpose(1, 2).to(q.dtype)
+    values = v_pool.index_select(0, key_slots.view(-1)).view(B, L, kv_heads, hd).transpose(1, 2).to(q.dtype)
+    o = F.scaled_dot_product_attention(q.reshape(B, -1, heads, hd).transpose(1, 2), keys, values, attn_mask=mask,
+                                       enable_gqa=heads != kv_heads)
+    return o.transpose(1, 2).reshape(-1, heads, hd)                # flat rows again, in the group's order
+
 def paged_attend(kv: PagedKV, batch: PagedBatch) -> Attend:
-    "The paged cache's attention for one layer: write K/V at the slot mapping, gather the keys by slot, attend."
+    "The paged cache's attention for one layer: write K/V at the slot mapping, then attend group by group."
     k_pool = kv.k.view(-1, *kv.k.shape[2:])                        # [num_blocks * block_size, kv_heads, hd]
     v_pool = kv.v.view(-1, *kv.v.shape[2:])
-    B, T = len(batch.query_lens), batch.attn_mask.shape[2]
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_pool.index_copy_(0, batch.slot_mapping, k.to(k_pool.dtype))
         v_pool.index_copy_(0, batch.slot_mapping, v.to(v_pool.dtype))
-        keys = k_pool[batch.key_slots].to(q.dtype).transpose(1, 2)  # [B, kv_heads, L, hd]
-        values = v_pool[batch.key_slots].to(q.dtype).transpose(1, 2)
-        padded = q.reshape(B, T, *q.shape[1:]) if batch.query_index is None else q[batch.query_index]
-        gqa = q.shape[1] != k.shape[1]
-        o = F.scaled_dot_product_attention(padded.transpose(1, 2), keys, values, attn_mask=batch.attn_mask,
-                                           enable_gqa=gqa)
-        o = o.transpose(1, 2).reshape(B * T, *q.shape[1:])
-        return o if batch.output_index is None else o[batch.output_index]
+        if batch.groups[0][0] is None:                              # one group, the whole batch in order
+            return _attend_group(q, k, k_pool, v_pool, *batch.groups[0])
+        o = torch.empty_like(q)
+        for rows, key_slots, mask in batch.groups:
+            o.index_copy_(0, rows, _attend_group(q, k, k_pool, v_pool, rows, key_slots, mask))
+        return o
     return attend
 
 def _check_paged_forward(model, cache, batch, logits_indices):
@@ -477,18 +520,45 @@ def _check_paged_forward(model, cache, batch, logits_indices):
     if len(rows) and (rows.min() < 0 or rows.max() >= batch.num_tokens):
         raise ValueError(f"logits_indices must lie in [0, {batch.num_tokens}), the batch's flat rows")
 
-@torch.no_grad()
-def forward_paged(model: Llama, cache: list[PagedKV], batch: PagedBatch,
-                  logits_indices: torch.Tensor | None = None) -> torch.Tensor:
-    "Logits [len(logits_indices), V] (all N rows when None) of one paged step; writes each token's K/V at its slot."
-    _check_paged_forward(model, cache, batch, logits_indices)
+def paged_logits(model: Llama, cache: list[PagedKV], batch: PagedBatch,
+                 logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+    "forward_paged's arithmetic, unchecked: it reads only the batch's tensors, so torch.compile can capture it whole."
     x = model.model.embed_tokens(batch.token_ids)                  # [N, hidden]: one row per token
     cos, sin = rope_cos_sin(model.inv_freq, batch.positions, x.dtype)
     for layer, kv in zip(model.model.layers, cache):
         x = decoder_layer(layer, x, cos, sin, paged_attend(kv, batch), model.args)
     if logits_indices is not None:
-        x = x[logits_indices.to(x.device)]
+        x = x[logits_indices]
     return model.model.norm(x) @ model.head_weight.T
+
+@torch.no_grad()
+def forward_paged(model: Llama, cache: list[PagedKV], batch: PagedBatch,
+                  logits_indices: torch.Tensor | None = None) -> torch.Tensor:
+    "Logits [len(logits_indices), V] (all N rows when None) of one paged step; writes each token's K/V at its slot."
+    _check_paged_forward(model, cache, batch, logits_indices)
+    if logits_indices is not None:
+        logits_indices = logits_indices.to(batch.token_ids.device)
+    if model.compiled_paged_logits is not None:                    # see compile_paged
+        try:
+            return model.compiled_paged_logits(model, cache, batch, logits_indices)
+        except Exception as e:  # noqa: BLE001 -- no compiler, or one that fails: the eager path computes the same
+            warnings.warn(f"torch.compile failed for {model.args.name} ({type(e).__name__}: {str(e)[:200]}); "
+                          "it runs eagerly from now on")
+            model.compiled_paged_logits = None
+    return paged_logits(model, cache, batch, logits_indices)       # K/V writes are idempotent: a retry is safe
+
+def compile_paged(model: Llama, enable: bool = True, **options: Any) -> Llama:
+    "Opt in: forward_paged runs model's arithmetic through torch.compile (dynamic shapes; options go to it)."
+    if not isinstance(model, Llama):
+        raise TypeError(f"model must be a speclab Llama, got {type(model).__name__}")
+    if not isinstance(enable, bool):
+        raise TypeError(f"enable must be True or False, got {enable!r}")
+    if not enable:
+        model.compiled_paged_logits = None
+        return model
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)   # one function, many graphs
+    model.compiled_paged_logits = torch.compile(paged_logits, dynamic=True, **options)
+    return model
 
 # %% ../nbs/07_model.ipynb #b2b734c0
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")  # a fast tokenizer, or a sentencepiece model
