@@ -2,9 +2,9 @@
 lookup, transformers' assisted generation and prompt lookup, on the same prompts and models, with the step costs v
 and c measured in the same run.
 
-    python benchmarks/cpu_e2e.py --threads 1            # the shipped tiny pair, 8 held-out prompts x 128 tokens, greedy
-    python benchmarks/cpu_e2e.py                        # torch's default thread count
-    python benchmarks/cpu_e2e.py --compile --json       # also the runs through speclab.model.compile_paged; one JSON
+    python benchmarks/cpu_e2e.py --threads 1      # the shipped tiny pair, 8 held-out prompts x 128 tokens, greedy
+    python benchmarks/cpu_e2e.py                  # torch's default thread count
+    python benchmarks/cpu_e2e.py --compile --json # also the runs through speclab.model.compile_paged; one JSON
 
 All runs are greedy in fp32, batch 1, one prompt at a time, the implementations interleaved prompt by prompt so that
 a busy machine slows all alike. Plain decoding is measured twice: speclab.model.generate (the contiguous cache of
@@ -14,12 +14,13 @@ tokens/s (total tokens / total seconds) and the ratio of each run to both plain 
 Between prompts the script times bare forwards (each with its paged_batch, as the engine calls them; the median of
 all of them at the end), at a context of prompt-len + new-tokens / 2: a target step t (1 token), a target verify of
 kappa + 1 tokens (v = its time / t), a draft step back to back with others (c = its time / t; eight untimed steps
-first, so that the draft's weights are in the caches: the c of Chapter 2, a bare step), and a draft step
-right after a target verify (c_cold, the mean of kappa such steps: the target's stream of weights has pushed the
-draft's out of the caches, and they come back over a few steps, which is what the engine sees); the target's steps
-and the warm draft step are also timed through the contiguous path (the forward of speclab.train.decode_step_seconds). From them,
-Chapter 2's prediction E / (1 + kappa c) and E / (v + kappa c), next to the measured speedup. The engine's own
-split of a speculative step (draft_s and target_s per step, and the rest, in units of t) says where the time went.
+first, so that the draft's weights are in the caches: the c of Chapter 2, a bare step), and a draft step right
+after a target verify (c_cold, the mean of kappa such steps: the target's stream of weights has pushed the draft's
+out of the caches, and they come back over a few steps, which is what the engine sees). The target's steps and the
+warm draft step are also timed through the contiguous path (the forward of speclab.train.decode_step_seconds).
+From them, Chapter 2's prediction E / (1 + kappa c), E / (v + kappa c) and E / (v + kappa c_cold), next to the
+measured speedup. The engine's own split of a speculative step (draft_s and target_s per step, and the rest, in
+units of t) says where the time went.
 
 --compile adds the engine runs (plain and draft model) with both models under speclab.model.compile_paged
 (torch.compile, dynamic shapes): a warm-up pass pays the compilation (its seconds are reported, not counted in

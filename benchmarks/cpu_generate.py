@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> dict:
     med = {r: statistics.median(v) for r, v in rate.items()}
     res = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "machine": machine(),
-           "load_average_before": load_before, "load_average_after": round(os.getloadavg()[0], 2), "torch": torch.__version__, "model": folder,
+           "load_average_before": load_before, "load_average_after": round(os.getloadavg()[0], 2),
+           "torch": torch.__version__, "model": folder,
            "command": "python benchmarks/cpu_generate.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "prompts": a.prompts, "prompt_len": a.prompt_len, "new_tokens": n,
            "tok_s": {r: round(v, 1) for r, v in med.items()},
