@@ -28,15 +28,14 @@ tokens/s), then they join the interleaved loop.
 """
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 
 import torch
+
+from bench_env import load_average, machine, utc_now
 
 PLAIN = "plain (speclab.model.generate)"
 ENGINE_PLAIN = "plain (engine, no drafter)"
@@ -70,25 +69,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if a.threads is not None and a.threads < 1:
         ap.error("--threads must be >= 1")
     return a
-
-
-def machine() -> str:
-    "CPU model, cores and torch threads, in words."
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
-    except OSError:
-        pass
-    return f"{name}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
-
-
-def load_average() -> float:
-    "The one-minute load average (0 where the OS has none)."
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return 0.0
 
 
 class BareSteps:
@@ -291,7 +271,7 @@ def main(argv: list[str] | None = None) -> dict:
     measured = rate[DRAFT] / rate[ENGINE_PLAIN]
     pred_v = E / (v + k * c)
     res = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine(),
+        "date": utc_now(), "machine": machine(),
         "torch": torch.__version__, "load_average_before": load_before, "load_average_after": load_average(),
         "command": "python benchmarks/cpu_e2e.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "prompts": a.prompts, "prompt_len": a.prompt_len, "new_tokens": n, "kappa": k, "wall_s": round(wall, 1),

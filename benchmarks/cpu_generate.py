@@ -12,14 +12,13 @@ per implementation (median over prompts), the ratios to transformers, and how ma
 """
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 
 import torch
+
+from bench_env import load_average, machine, utc_now
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,17 +39,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
-def machine() -> str:
-    "CPU model, cores and torch threads, in words."
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
-    except OSError:
-        pass
-    return f"{name}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
-
-
 def agreeing(mine: list[int], theirs: list[int]) -> int:
     "Tokens before the first divergence."
     return next((i for i, (x, y) in enumerate(zip(mine, theirs)) if x != y), min(len(mine), len(theirs)))
@@ -65,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     from speclab.train import eval_prompts, tiny_pair_path
     if a.threads:
         torch.set_num_threads(a.threads)
-    load_before = round(os.getloadavg()[0], 2)
+    load_before = load_average()
     folder = a.model or str(tiny_pair_path("target"))
     ours = load_model(folder)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -94,9 +82,9 @@ def main(argv: list[str] | None = None) -> dict:
         for r in runs:
             same[r] += agreeing(outs[r], outs["transformers"])
     med = {r: statistics.median(v) for r, v in rate.items()}
-    res = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    res = {"date": utc_now(),
            "machine": machine(),
-           "load_average_before": load_before, "load_average_after": round(os.getloadavg()[0], 2),
+           "load_average_before": load_before, "load_average_after": load_average(),
            "torch": torch.__version__, "model": folder,
            "command": "python benchmarks/cpu_generate.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "prompts": a.prompts, "prompt_len": a.prompt_len, "new_tokens": n,

@@ -29,15 +29,14 @@ slows all alike; a warm-up pass comes first. Times are wall-clock seconds; the m
 """
 import argparse
 import json
-import os
-import platform
 import random
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 
 import torch
+
+from bench_env import load_average, machine, utc_now
 
 BLOCK_SIZE = 16
 
@@ -73,25 +72,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if a.threads is not None and a.threads < 1:
         ap.error("--threads must be >= 1")
     return a
-
-
-def machine() -> str:
-    "CPU model, cores and torch threads, in words."
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), name)
-    except OSError:
-        pass
-    return f"{name}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
-
-
-def load_average() -> float:
-    "The one-minute load average (0 where the OS has none)."
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return 0.0
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -245,7 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(a.threads)
     target = load_model(tiny_pair_path("target"))
     draft = load_model(tiny_pair_path("draft"))
-    res = dict(date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), machine=machine(),
+    res = dict(date=utc_now(), machine=machine(),
                torch=torch.__version__, load_average_before=load_average(),
                command="python benchmarks/cpu_serving.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                repeats=a.repeats)

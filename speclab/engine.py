@@ -191,9 +191,12 @@ class ModelDrafter:
             r.num_draft_computed += len(b)
         return logits
 
-    def _draw(self, logits: torch.Tensor, batch: list[RequestState]) -> tuple[torch.Tensor, torch.Tensor]:
-        "One draft token per row and the q row it was drawn from (one-hot when the draw is an argmax)."
-        if self.greedy or all(r.params.greedy for r in batch):   # q is never read: skip the transforms
+    def _draw(self, logits: torch.Tensor, batch: list[RequestState],
+              all_greedy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        "One draft token per row and the q row it was drawn from (one-hot for an argmax; None if no one reads q)."
+        if all_greedy:                                         # the sampler's greedy path never reads q
+            return logits.argmax(-1), None
+        if self.greedy or all(r.params.greedy for r in batch):   # a point mass: skip the transforms
             tokens = logits.argmax(-1)
             return tokens, torch.nn.functional.one_hot(tokens, logits.shape[1]).float()
         q = request_probs(logits, [r.params for r in batch])
@@ -208,8 +211,9 @@ class ModelDrafter:
         logits = self._feed(batch, [r.tokens[r.num_draft_computed:] for r in batch])   # catch up every request
         live = (kap > 0).nonzero()[:, 0]
         logits = logits[live.to(logits.device)]
+        all_greedy = all(r.params.greedy for r in batch)
         for j in range(K):
-            tokens, q = self._draw(logits, [batch[i] for i in live.tolist()])
+            tokens, q = self._draw(logits, [batch[i] for i in live.tolist()], all_greedy)
             toks[live, j] = tokens.cpu()
             qs.append(q)
             keys.append(live * K + j)
@@ -217,7 +221,7 @@ class ModelDrafter:
             if len(live):
                 logits = self._feed([batch[i] for i in live.tolist()], [[t] for t in toks[live, j].tolist()])
         drafts = [row[:k] for row, k in zip(toks.tolist(), kappas)]
-        if not qs:
+        if not qs or all_greedy:
             return drafts, None
         order = torch.cat(keys).argsort().to(qs[0].device)    # rows were made position by position: reorder by request
         return drafts, torch.cat(qs)[order]
@@ -382,8 +386,12 @@ class Scheduler:
         "Move waiting requests into the batch while sequences, batched tokens and blocks allow."
         bm = self.block_manager
         budget = self.max_num_batched_tokens - sum(r.num_tokens_to_compute(lookahead(r)) for r in self.running.values())
+        computing = set()                                      # first blocks this step will compute, not yet cached
         while self.waiting and len(self.running) < self.max_num_seqs:
             r = self.waiting[0]
+            first = tuple(r.prompt_ids[:bm.block_size])
+            if r.kv is None and bm.enable_prefix_caching and len(r.prompt_ids) > bm.block_size and first in computing:
+                break                                          # wait one step: it will find that block cached
             if r.kv is None:
                 bm.add_request(r.req_id, r.prompt_ids + r.output_ids)
                 r.kv = bm.requests[r.req_id]
@@ -396,6 +404,8 @@ class Scheduler:
                 break
             bm.reserve(r.req_id, k)
             r.num_draft_computed = r.kv.num_computed_tokens    # a prefix-cache hit holds the draft's K/V too
+            if r.kv.num_computed_tokens < bm.block_size:
+                computing.add(first)
             self.num_cached_tokens += r.kv.num_computed_tokens
             r.status = RUNNING
             self.running[r.req_id] = self.waiting.popleft()
@@ -662,7 +672,7 @@ def propose(engine: SpecDecoder, batch: list[RequestState],
     if drafter is None or not (any(kappas) or engine.enable_prefix_caching and drafter.uses_probs):
         return [[] for _ in batch], None
     drafts, draft_probs = drafter.propose(batch, kappas)
-    if draft_probs is None and drafter.uses_probs and any(drafts):
+    if draft_probs is None and drafter.uses_probs and any(drafts) and not all(r.params.greedy for r in batch):
         raise RuntimeError("drafter returned drafts without their q rows")
     return drafts, draft_probs
 

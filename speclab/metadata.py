@@ -208,7 +208,8 @@ def _check_sampler_inputs(metadata, logits, draft_probs, sampling) -> None:
     if logits.shape[0] != N + B:
         raise ValueError(f"logits must have N + B = {N + B} rows (the target's logits at metadata.logits_indices), "
                          f"got {logits.shape[0]}")
-    if torch.isnan(logits).any() or torch.isposinf(logits).any():
+    top = logits.max() if logits.numel() else logits.new_zeros(())   # one pass: max is NaN if any entry is
+    if torch.isnan(top) or torch.isposinf(top):
         raise ValueError("logits contains NaN or +inf entries")
     if len(sampling.temperature) != B:
         raise ValueError(f"sampling holds the settings of {len(sampling.temperature)} requests, the metadata has {B}")
