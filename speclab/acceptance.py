@@ -5,8 +5,10 @@
 # %% auto #0
 __all__ = ['metrics_from_hist', 'conditional_rates', 'AlphaFit', 'fit_alpha', 'iid_probs', 'IidTest', 'iid_test', 'sweep_prompts',
            'parse_vllm_log', 'parse_prometheus', 'metrics_delta', 'prometheus_text', 'step_seconds', 'RooflineFit',
-           'fit_ridge', 'measure_roofline', 'measured_crossing', 'SyntheticSampler', 'measure_point', 'sweep',
-           'tiny_pair_drafters', 'torch_threads', 'sweep_tiny_pair', 'save_table', 'load_table']
+           'fit_ridge', 'measure_roofline', 'measured_crossing', 'SyntheticSampler', 'sweep_work', 'measure_point',
+           'sweep', 'tiny_pair_drafters', 'torch_threads', 'sweep_tiny_pair', 'save_table', 'load_table',
+           'served_model', 'scrape', 'completion_body', 'run_concurrent', 'measure_url_point', 'url_prompts',
+           'sweep_url']
 
 # %% ../nbs/09_acceptance.ipynb #24616a5e
 import csv
@@ -14,12 +16,14 @@ import json
 import math
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import torch
 from scipy import optimize, stats
@@ -480,6 +484,7 @@ _FAMILIES = {                                             # vLLM V1's counters (
     "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
     "vllm:spec_decode_num_accepted_tokens_per_pos": "accepted_per_pos",
     "vllm:spec_decode_num_draft_tokens_per_pos": "drafted_per_pos",   # not in upstream vLLM: read if present
+    "speclab:spec_decode_num_drafts_by_accepted": "hist",             # speclab's own: the per-draft histogram
 }
 _PER_POS = ("accepted_per_pos", "drafted_per_pos")
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -582,6 +587,24 @@ def _check_type(line: str):
     if _family(parts[1]) is not None and parts[2] in _NOT_COUNTER:
         raise ValueError(f"{parts[1]} must be a counter, declared {parts[2]}")
 
+def _outcome(labels: dict) -> tuple:
+    "(k, a) from a histogram sample's num_draft_tokens and num_accepted_tokens labels, 0 <= a <= k, k >= 1."
+    k, a = labels.pop("num_draft_tokens", ""), labels.pop("num_accepted_tokens", "")
+    if not (k.isdigit() and a.isdigit() and 0 <= int(a) <= int(k) and int(k) >= 1):
+        raise ValueError(f"needs num_draft_tokens >= 1 and 0 <= num_accepted_tokens <= it, got {k!r}, {a!r}")
+    return int(k), int(a)
+
+def _outcome_hist(outcomes: dict, num_drafts: int, accepted: int) -> dict:
+    "{(k, a): drafts} -> hist {k: [drafts that accepted 0..k]}, checked against the scalar counters."
+    hist = {}
+    for (k, a), count in sorted(outcomes.items()):
+        hist.setdefault(k, [0] * (k + 1))[a] += count
+    hist = {k: row for k, row in hist.items() if any(row)}
+    if sum(outcomes.values()) != num_drafts or sum(a * c for (_, a), c in outcomes.items()) != accepted:
+        raise ValueError(f"speclab:spec_decode_num_drafts_by_accepted disagrees with {num_drafts} drafts and "
+                         f"{accepted} accepted tokens")
+    return hist
+
 def _positions(counts: dict, field: str) -> list:
     "{position: count} -> [count at position 0, 1, ...], requiring positions 0..K-1 without a gap."
     K = len(counts)
@@ -600,11 +623,13 @@ def parse_prometheus(text: str) -> SpecMetrics:
     and other metrics are skipped (other metrics must still be well-formed lines). Samples of one counter are summed
     over every label set but `position` (`engine="0"`, `engine="1"` of data parallelism; `model_name`: filter the text
     first if one scrape mixes models). A `vllm:spec_decode_num_draft_tokens_per_pos` counter, if a build exports one,
-    fills drafted_per_pos.
+    fills drafted_per_pos. speclab's own `speclab:spec_decode_num_drafts_by_accepted{num_draft_tokens="k",
+    num_accepted_tokens="a"}` (drafts of k tokens that accepted a), if present, is the histogram itself.
 
     With K positions and num_draft_tokens == num_drafts * K every draft had K tokens: drafted_per_pos =
     [num_drafts] * K and hist[K] = [a_j - a_(j+1)] (a_0 = num_drafts, a_(K+1) = 0) when the differences are >= 0 and
-    sum(accepted_per_pos) == num_accepted_tokens. Otherwise (mixed draft lengths) drafted_per_pos = [] and hist = {}.
+    sum(accepted_per_pos) == num_accepted_tokens. Otherwise (mixed draft lengths) drafted_per_pos = [] and hist = {},
+    unless the scrape holds speclab's histogram (which must then cover every draft and accepted token).
 
     Raises TypeError if `text` is not a str; ValueError naming the line for a malformed sample line, a spec-decode
     sample that is not a finite integer >= 0, a duplicated series, a missing or non-integer `position`, or a
@@ -614,6 +639,7 @@ def parse_prometheus(text: str) -> SpecMetrics:
         raise TypeError(f"text must be a str (decode bytes first), got {type(text).__name__}")
     totals = {}
     per_pos = {"accepted_per_pos": {}, "drafted_per_pos": {}}
+    outcomes = {}                                          # (k, a) -> drafts of k tokens that accepted a
     seen = set()
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
@@ -638,6 +664,9 @@ def parse_prometheus(text: str) -> SpecMetrics:
                 if pos is None or not pos.isdigit():
                     raise ValueError(f"{name} needs a position label holding an integer >= 0, got {pos!r}")
                 per_pos[field][int(pos)] = per_pos[field].get(int(pos), 0) + int(value)
+            elif field == "hist":
+                key = _outcome(labels)
+                outcomes[key] = outcomes.get(key, 0) + int(value)
             else:
                 totals[field] = totals.get(field, 0) + int(value)
         except ValueError as e:
@@ -658,6 +687,8 @@ def parse_prometheus(text: str) -> SpecMetrics:
     if per_pos["drafted_per_pos"]:
         drafted_per_pos = _positions(per_pos["drafted_per_pos"], "drafted_per_pos")
     hist = _hist(K, n, accepted_per_pos, accepted) if fixed else {}
+    if outcomes:
+        hist = _outcome_hist(outcomes, n, accepted)
     return SpecMetrics(n, drafted, accepted, accepted_per_pos, drafted_per_pos, hist)
 
 # %% ../nbs/09_acceptance.ipynb #844eac78
@@ -714,8 +745,14 @@ _PROM_HELP = {"num_drafts": "Number of spec decoding drafts.", "num_draft_tokens
               "num_accepted_tokens": "Number of accepted tokens.",
               "num_accepted_tokens_per_pos": "Accepted tokens per draft position."}
 
-def prometheus_text(m: SpecMetrics, model_name: str = "speclab", engine: str = "0") -> str:
-    "The spec-decode counters of `m` in vLLM's Prometheus exposition (names with _total, position counted from 0)."
+_SPECLAB_HELP = {"vllm:spec_decode_num_draft_tokens_per_pos": "Draft tokens per draft position (speclab).",
+                 "speclab:spec_decode_num_drafts_by_accepted": "Drafts by their length and accepted tokens (speclab)."}
+
+def prometheus_text(m: SpecMetrics, model_name: str = "speclab", engine: str = "0", histogram: bool = False) -> str:
+    """The spec-decode counters of `m` in vLLM's Prometheus exposition (names with _total, position counted from 0).
+
+    `histogram=True` adds what vLLM does not export and `parse_prometheus` reads back: draft tokens per position and
+    the per-draft histogram, so a scrape keeps everything `fit_alpha` needs even when drafts have mixed lengths."""
     if not isinstance(m, SpecMetrics):
         raise TypeError(f"m must be a SpecMetrics, got {type(m).__name__}")
     labels = f'engine="{engine}",model_name="{model_name}"'
@@ -727,6 +764,15 @@ def prometheus_text(m: SpecMetrics, model_name: str = "speclab", engine: str = "
             lines += [f'{name}{{{labels},position="{i}"}} {float(n)}' for i, n in enumerate(m.accepted_per_pos)]
         else:
             lines.append(f"{name}{{{labels}}} {float(getattr(m, field))}")
+    if not histogram:
+        return "\n".join(lines) + "\n"
+    per_pos, by_outcome = list(_SPECLAB_HELP)
+    lines += [f"# HELP {per_pos}_total {_SPECLAB_HELP[per_pos]}", f"# TYPE {per_pos}_total counter"]
+    lines += [f'{per_pos}_total{{{labels},position="{i}"}} {float(n)}' for i, n in enumerate(m.drafted_per_pos)]
+    lines += [f"# HELP {by_outcome}_total {_SPECLAB_HELP[by_outcome]}", f"# TYPE {by_outcome}_total counter"]
+    for k, row in sorted(m.hist.items()):
+        lines += [f'{by_outcome}_total{{{labels},num_draft_tokens="{k}",num_accepted_tokens="{a}"}} {float(n)}'
+                  for a, n in enumerate(row)]
     return "\n".join(lines) + "\n"
 
 # %% ../nbs/09_acceptance.ipynb #967337d9
@@ -836,13 +882,17 @@ def _timed(engine, prompts, params) -> tuple:
         raise RuntimeError(f"a request failed during the sweep: {failed[0]}")
     return seconds, sum(len(o.token_ids) for o in outputs), outputs
 
+def sweep_work(prompts: list, batch: int) -> list:
+    "The requests of one sweep point: `prompts` cycled to fill whole batches of `batch` (every prompt at least once)."
+    return [prompts[i % len(prompts)] for i in range(math.ceil(max(len(prompts), batch) / batch) * batch)]
+
 def measure_point(target: Llama, drafter: ModelDrafter | NgramDrafter, prompts: list, batch: int,
                   params: SamplingParams, kappa: int, tokenizer: Any = None,
                   synthetic_rates: Sequence[float] | None = None, repeats: int = 2, seed: int = 0) -> dict:
     "All `prompts`, `batch` at a time, plain and speculative, interleaved `repeats` times; the fastest pass of each."
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
-    work = [prompts[i % len(prompts)] for i in range(math.ceil(max(len(prompts), batch) / batch) * batch)]
+    work = sweep_work(prompts, batch)
     batches = [work[i:i + batch] for i in range(0, len(work), batch)]
     if synthetic_rates is not None and drafter is None:
         raise ValueError("synthetic_rates needs a drafter to time")
@@ -978,3 +1028,106 @@ def _parse_cell(text: str):
         except ValueError:
             pass
     return text
+
+# %% ../nbs/09_acceptance.ipynb #5e1d0b02
+def _call(client: httpx.Client, method: str, url: str, **kwargs: Any) -> httpx.Response:
+    "The server's reply if it succeeded; otherwise a RuntimeError naming the URL, with its OpenAI-style message."
+    what = f"{method} {url}"
+    try:
+        r = client.request(method, url, **kwargs)
+    except httpx.TransportError as e:
+        raise RuntimeError(f"{what}: no answer ({type(e).__name__}: {e}); is the server running?") from None
+    if r.status_code == 200:
+        return r
+    try:
+        message = r.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = r.text[:200]
+    raise RuntimeError(f"{what} failed with HTTP {r.status_code}: {message}")
+
+def served_model(client: httpx.Client, url: str) -> str:
+    "The first model the server at `url` lists at /v1/models: the `model` every request of the sweep names."
+    data = _call(client, "GET", f"{url}/v1/models").json()["data"]
+    if not data:
+        raise RuntimeError(f"{url} serves no model")
+    return data[0]["id"]
+
+def scrape(client: httpx.Client, url: str) -> SpecMetrics:
+    "The server's cumulative spec-decode counters: GET /metrics, read by `parse_prometheus`."
+    return parse_prometheus(_call(client, "GET", f"{url}/metrics").text)
+
+# %% ../nbs/09_acceptance.ipynb #5e1d0b03
+def completion_body(model: str, prompt: str | list[int], params: SamplingParams) -> dict:
+    "An OpenAI /v1/completions body for `params` (vLLM's `top_k` and `ignore_eos` only when they are not defaults)."
+    body = dict(model=model, prompt=prompt, max_tokens=params.max_tokens, temperature=params.temperature)
+    extras = dict(top_p=(params.top_p, 1.0), top_k=(params.top_k, 0), seed=(params.seed, None),
+                  ignore_eos=(params.ignore_eos, False))
+    body.update({k: v for k, (v, default) in extras.items() if v != default})
+    return body
+
+def run_concurrent(client: httpx.Client, url: str, model: str, work: list, batch: int,
+                   params: SamplingParams) -> tuple:
+    "Seconds, completion tokens and texts of every request in `work`, with at most `batch` of them in flight."
+    def one(prompt):
+        return _call(client, "POST", f"{url}/v1/completions", json=completion_body(model, prompt, params)).json()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(batch) as pool:
+        replies = list(pool.map(one, work))
+    seconds = time.perf_counter() - t0
+    tokens = sum(reply["usage"]["completion_tokens"] for reply in replies)
+    return seconds, tokens, [reply["choices"][0]["text"] for reply in replies]
+
+# %% ../nbs/09_acceptance.ipynb #5e1d0b04
+def measure_url_point(url: str, prompts: list, batch: int, params: SamplingParams, baseline_url: str | None = None,
+                      repeats: int = 2, timeout: float = 600.0) -> dict:
+    "`measure_point` through HTTP: the work at concurrency `batch`, counters from two scrapes of `url`'s /metrics."
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+    work = sweep_work(prompts, batch)
+    servers = {"spec": url} if baseline_url is None else {"spec": url, "plain": baseline_url}
+    best = {name: (math.inf, 0) for name in servers}
+    sample = None
+    with httpx.Client(timeout=timeout, limits=httpx.Limits(max_connections=batch + 2)) as client:
+        models = {name: served_model(client, u) for name, u in servers.items()}
+        before = scrape(client, url)
+        for r in range(repeats):
+            for name in (sorted(servers) if r % 2 == 0 else sorted(servers, reverse=True)):   # plain first, then not
+                seconds, tokens, texts = run_concurrent(client, servers[name], models[name], work, batch, params)
+                best[name] = min(best[name], (seconds, tokens))
+                sample = texts[0] if name == "spec" else sample
+        m = metrics_delta(scrape(client, url), before)
+    spec_tok_s = best["spec"][1] / best["spec"][0]
+    plain_tok_s = best["plain"][1] / best["plain"][0] if "plain" in best else math.nan
+    full_hist = sum(sum(row) for row in m.hist.values()) == m.num_drafts > 0
+    return dict(batch=batch, kappa=len(m.accepted_per_pos), temperature=params.temperature,
+                output_len=params.max_tokens, synthetic=False, requests=len(work), spec_tok_s=spec_tok_s,
+                plain_tok_s=plain_tok_s, speedup=spec_tok_s / plain_tok_s, E=m.mean_acceptance_length,
+                alpha_hat=fit_alpha(m).alpha if full_hist else math.nan, r=m.per_position, metrics=m, sample=sample)
+
+# %% ../nbs/09_acceptance.ipynb #5e1d0b05
+def url_prompts(num_prompts: int = 16) -> list:
+    "The sweep's held-out prompts as text (the shipped tokenizer's decoding), for servers with any tokenizer."
+    tokenizer = load_tokenizer(tiny_pair_path("target"))
+    return [tokenizer.decode(ids) for ids in sweep_prompts(num_prompts)]
+
+def sweep_url(url: str, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), temperature: float = 0.0,
+              output_len: int = 32, num_prompts: int = 16, baseline_url: str | None = None, repeats: int = 2,
+              progress: bool = True) -> list:
+    "Lab 08's sweep against a running server (speclab serve, vLLM): one `measure_url_point` per batch size."
+    for name, u in (("url", url), ("baseline_url", baseline_url)):
+        if u is not None and (not isinstance(u, str) or not u.startswith(("http://", "https://"))):
+            raise ValueError(f"{name} must be an http:// or https:// URL, got {u!r}")
+    if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
+        raise ValueError(f"batch_sizes must be a non-empty list of ints >= 1, got {batch_sizes!r}")
+    params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True)
+    prompts = url_prompts(num_prompts)
+    rows = []
+    bar = tqdm(sorted(set(batch_sizes)), desc="sweep", disable=not progress)
+    for batch in bar:
+        row = measure_url_point(url.rstrip("/"), prompts, batch, params, baseline_url and baseline_url.rstrip("/"),
+                                repeats)
+        rows.append({"drafter": "server", "url": url, **row})
+        bar.set_postfix(batch=batch, E=f"{row['E']:.2f}")
+    return rows

@@ -697,3 +697,43 @@ def test_sliding_window(drafter):
     assert [o.token_ids for o in outs] == [expected_greedy(p, sp, WINDOW) for p, sp in items]
     assert [o.token_ids for o in outs] != [expected_greedy(p, sp) for p, sp in items]   # the window does matter
     assert bm.free_blocks == bm.num_blocks
+
+
+def test_a_burst_sharing_a_prefix_computes_it_once():
+    """Requests that arrive together with the same first block: the first one admitted computes the prefix, and the
+    others wait one step (a block becomes shareable only once computed), then find every shared block cached. So the
+    target computes the shared prefix once, not once per request, and the outputs are the plain greedy ones."""
+    prefix = [1, 2, 3, 4, 5, 6, 7, 0]                                   # two blocks of 4
+    items = [(prefix + [i % 8, (i + 3) % 8], greedy(5)) for i in range(6)]
+    eng = SpecDecoder(pair()[0], make_drafter("model"), kappa=2, block_size=4, num_blocks=64, max_num_seqs=6)
+    for p, sp in items:
+        eng.add_request(p, sp)
+    first_step = []
+    outs = {}
+    while eng.has_unfinished():
+        for o in eng.step():
+            outs.setdefault(o.req_id, [])
+            outs[o.req_id] += o.new_token_ids
+        first_step = first_step or list(eng.scheduler.running)
+    assert len(first_step) == 1                                         # the others waited for the prefix
+    assert eng.scheduler.num_cached_tokens == 5 * len(prefix)           # ... and then reused all of it
+    assert [outs[i] for i in sorted(outs)] == [expected_greedy(p, sp) for p, sp in items]
+
+
+def test_q_rows_only_when_someone_reads_them():
+    """An all-greedy step hands the sampler no draft q (its greedy path compares argmaxes); a step with one sampled
+    request hands it every q row, one per draft token."""
+    from speclab.metadata import rejection_sampler
+    seen = []
+
+    def spy(metadata, logits, draft_probs, sampling, backend):
+        seen.append((sampling.all_greedy, None if draft_probs is None else draft_probs.shape[0],
+                     len(metadata.draft_token_ids)))
+        return rejection_sampler(metadata, logits, draft_probs, sampling, backend)
+    eng = SpecDecoder(pair()[0], make_drafter("model"), kappa=2, block_size=4, num_blocks=64, sampler=spy)
+    eng.generate([[1, 2, 3], [4, 5, 6]], [greedy(4), greedy(4)])
+    assert seen and all(g and q is None for g, q, _ in seen)
+    seen.clear()
+    eng.generate([[1, 2, 3], [4, 5, 6]], [greedy(4), SamplingParams(temperature=1.0, max_tokens=4, seed=1)])
+    assert any(not g for g, _, _ in seen)
+    assert all(q == n if not g else q is None for g, q, n in seen)         # q rows for the mixed steps only

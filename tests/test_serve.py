@@ -1,0 +1,368 @@
+"""`speclab serve` end to end (Chapter 11): the shipped pair behind the OpenAI API on 127.0.0.1.
+
+One server runs in-process for the module (uvicorn in a thread, a free port, at most 4 running requests) and an
+httpx client talks to it. Completions are compared with `SpecDecoder.generate` and the /metrics counters with an
+in-process engine's; disconnects must leave the engine with no request and every block free; a failing step must cost
+only its requests; 16 concurrent requests against a running limit of 4 must all complete. Then `speclab serve` runs
+as a real process, stopped by SIGINT, and its argument errors are checked. Every wait is bounded.
+"""
+import asyncio
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from speclab.acceptance import metrics_delta, parse_prometheus
+from speclab.engine import SamplingParams
+from speclab.serve import EngineLoop, ServerThread, build_app, load_engine
+from speclab.train import tiny_pair_path
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECLAB = Path(sys.executable).parent / "speclab"
+MODEL = "speclab-tiny"
+PROMPTS = ["def add(a, b):\n", "class Stack:\n    def push(self, x):\n", "import os\n\n", "    for i in range("]
+
+
+def pair_engine(**sizes):
+    "The shipped pair at kappa 3, as the server's engine and as the in-process reference."
+    return load_engine(tiny_pair_path("target"), tiny_pair_path("draft"), kappa=3, **sizes)
+
+
+@pytest.fixture(scope="module")
+def server():
+    "(url, engine loop) of a server on the shipped pair with at most 4 running requests."
+    lp = EngineLoop(pair_engine(max_num_seqs=4))
+    with ServerThread(build_app(lp, MODEL)) as srv:
+        yield srv.url, lp
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server[0], timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def reference():
+    "An in-process engine on the same pair, for what the server must reproduce."
+    return pair_engine(max_num_seqs=4)
+
+
+def complete(client, **body):
+    r = client.post("/v1/completions", json={"model": MODEL, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def stream_events(client, **body):
+    "The JSON events of a streamed completion (the final [DONE] checked and dropped)."
+    with client.stream("POST", "/v1/completions", json={"model": MODEL, "stream": True, **body}) as r:
+        assert r.status_code == 200, r.read()
+        data = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]", data[-3:]
+    return [json.loads(d) for d in data[:-1]]
+
+
+def samples_of(text: str) -> dict:
+    "Every sample of a /metrics scrape, summed over its label sets: {sample name: value}."
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[s.name] = out.get(s.name, 0) + s.value
+    return out
+
+
+def samples(client) -> dict:
+    return samples_of(client.get("/metrics").text)
+
+
+def idle_and_free(lp, timeout=60):
+    "Wait (bounded) until the engine has no unfinished request and every KV block is free; the last reading."
+    deadline = time.monotonic() + timeout
+    while True:
+        state = lp.call(lambda e: (e.has_unfinished(), e.block_manager.free_blocks, e.block_manager.num_blocks,
+                                   len(lp.requests))).result(timeout=timeout)
+        if (not state[0] and state[1] == state[2] and state[3] == 0) or time.monotonic() > deadline:
+            return state
+        time.sleep(0.05)
+
+
+def test_health_and_models(client):
+    assert client.get("/health").status_code == 200
+    models = client.get("/v1/models").json()
+    assert models["object"] == "list" and len(models["data"]) == 1
+    m = models["data"][0]
+    assert (m["id"], m["object"], m["max_model_len"]) == (MODEL, "model", 512)
+
+
+def test_greedy_completion_matches_generate(client, reference):
+    "Text, token count, finish reason and usage equal SpecDecoder.generate's for the same prompt."
+    for prompt in PROMPTS[:2]:
+        want = reference.generate([prompt], SamplingParams(temperature=0, max_tokens=24))[0]
+        got = complete(client, prompt=prompt, max_tokens=24, temperature=0)
+        assert got["id"].startswith("cmpl-") and got["object"] == "text_completion" and got["model"] == MODEL
+        (choice,) = got["choices"]
+        assert (choice["text"], choice["finish_reason"], choice["index"], choice["logprobs"]) == \
+            (want.text, want.finish_reason, 0, None)
+        n_prompt = len(reference.tokenizer(prompt)["input_ids"])
+        assert got["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": len(want.token_ids),
+                                "total_tokens": n_prompt + len(want.token_ids)}
+
+
+def test_token_id_prompts(client, reference):
+    "A prompt of token ids (what a benchmark client sends), bare or in a list of one, is the same request."
+    want = complete(client, prompt=PROMPTS[0], max_tokens=12, temperature=0)
+    ids = reference.tokenizer(PROMPTS[0])["input_ids"]
+    for prompt in (ids, [ids], [PROMPTS[0]]):
+        got = complete(client, prompt=prompt, max_tokens=12, temperature=0)
+        assert (got["choices"][0]["text"], got["usage"]) == (want["choices"][0]["text"], want["usage"])
+
+
+def test_stream_adds_up_to_the_completion(client):
+    for body in (dict(prompt=PROMPTS[1], max_tokens=40, temperature=0),
+                 dict(prompt="def add(a, b):\n    return", max_tokens=48, temperature=0, stop=["\n"])):
+        whole = complete(client, **body)
+        events = stream_events(client, stream_options={"include_usage": True}, **body)
+        texts = [e["choices"][0]["text"] for e in events if e["choices"]]
+        assert "".join(texts) == whole["choices"][0]["text"]
+        assert all(e["choices"][0]["finish_reason"] is None for e in events[:-2])
+        assert events[-2]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+        assert events[-1]["choices"] == [] and events[-1]["usage"] == whole["usage"]
+        assert len({e["id"] for e in events}) == 1 and events[0]["id"].startswith("cmpl-")
+    assert whole["choices"][0]["finish_reason"] == "stop" and "\n" not in whole["choices"][0]["text"]
+    plain = stream_events(client, prompt=PROMPTS[0], max_tokens=8, temperature=0)   # no usage unless asked
+    assert all("usage" not in e for e in plain) and plain[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_metrics_equal_the_engine(client, reference):
+    "Counter deltas over N greedy requests equal an in-process engine's metrics for the same requests."
+    text0, before = client.get("/metrics").text, samples(client)
+    replies = [complete(client, prompt=p, max_tokens=20, temperature=0, ignore_eos=True) for p in PROMPTS]
+    text1, after = client.get("/metrics").text, samples(client)
+    got = metrics_delta(parse_prometheus(text1), parse_prometheus(text0))
+
+    m0 = reference.metrics
+    reference.metrics = type(m0)()
+    for p in PROMPTS:                                   # one at a time, as the client sent them
+        reference.generate([p], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    want, reference.metrics = reference.metrics, m0
+    K = 3
+    assert (got.num_drafts, got.num_draft_tokens, got.num_accepted_tokens) == \
+        (want.num_drafts, want.num_draft_tokens, want.num_accepted_tokens)
+    assert got.accepted_per_pos == (want.accepted_per_pos + [0] * K)[:K]
+    assert got.mean_acceptance_length == pytest.approx(want.mean_acceptance_length)
+    d = {k: after[k] - before.get(k, 0) for k in after}
+    assert d["vllm:generation_tokens_total"] == sum(r["usage"]["completion_tokens"] for r in replies) == 20 * 4
+    assert d["vllm:prompt_tokens_total"] == sum(r["usage"]["prompt_tokens"] for r in replies)
+    assert d["vllm:request_success_total"] == 4
+    assert d["vllm:e2e_request_latency_seconds_count"] == d["vllm:time_to_first_token_seconds_count"] == 4
+    assert after["vllm:num_requests_running"] == after["vllm:num_requests_waiting"] == 0
+
+
+@pytest.mark.parametrize("body, status, param, kind", [
+    ({"prompt": "x", "temperature": -1}, 400, "temperature", "invalid_request_error"),
+    ({"prompt": "x", "temperature": "hot"}, 400, "temperature", "invalid_request_error"),
+    ({"prompt": "x", "n": 2}, 400, "n", "invalid_request_error"),
+    ({"prompt": "x", "model": "gpt-4"}, 404, "model", "NotFoundError"),
+    ({"max_tokens": 4}, 400, "prompt", "invalid_request_error"),
+    ({"prompt": ["a", "b"]}, 400, "prompt", "invalid_request_error"),
+    ({"prompt": "x " * 600}, 400, "prompt", "invalid_request_error"),
+    ({"prompt": [10 ** 9]}, 400, "prompt", "invalid_request_error"),
+    ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "invalid_request_error"),
+    ({"prompt": "x", "top_p": 0}, 400, "top_p", "invalid_request_error"),
+    ({"prompt": "x", "stop": 3}, 400, "stop", "invalid_request_error"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options", "invalid_request_error"),
+    (b'{"prompt": "x",', 400, "body", "invalid_request_error"),
+    (b'[1, 2]', 400, "body", "invalid_request_error"),
+])
+def test_errors(client, body, status, param, kind):
+    "OpenAI's error object, the field named in `param` and in the message; the server stays healthy."
+    if isinstance(body, bytes):
+        r = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    else:
+        r = client.post("/v1/completions", json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert (err["type"], err["param"], err["code"]) == (kind, param, status), err
+    assert param in err["message"] or (param == "body" and "body" in err["message"]), err
+    assert client.get("/health").status_code == 200
+    assert complete(client, prompt="x", max_tokens=2)["usage"]["completion_tokens"] == 2
+
+
+def test_unknown_route(client):
+    r = client.get("/v1/nothing")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError"
+
+
+def test_failed_step_fails_its_requests_only(client, server):
+    "An exception in step(): the open request gets a 500 naming the engine's error; the server serves on."
+    lp = server[1]
+
+    def break_once(engine):
+        def boom():
+            del engine.step                              # the next step is the class's own again
+            raise RuntimeError("injected failure")
+        engine.step = boom
+    lp.call(break_once).result(timeout=60)
+    r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 8})
+    assert r.status_code == 500, r.text
+    err = r.json()["error"]
+    assert err["type"] == "InternalServerError" and "injected failure" in err["message"]
+    assert client.get("/health").status_code == 200
+    assert idle_and_free(lp)[0] is False
+    assert complete(client, prompt="x", max_tokens=3)["usage"]["completion_tokens"] == 3
+
+
+def test_stream_disconnect_frees_blocks(client, server):
+    lp = server[1]
+    with client.stream("POST", "/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 400, "stream": True,
+                                                        "ignore_eos": True}) as r:
+        first = next(line for line in r.iter_lines() if line.startswith("data: "))
+        assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
+        assert lp.call(lambda e: e.has_unfinished()).result(timeout=60)
+    unfinished, free, total, tracked = idle_and_free(lp)
+    assert (unfinished, free, tracked) == (False, total, 0)
+    assert samples(client)["vllm:request_success_total"] >= 1
+
+
+def test_plain_disconnect_frees_blocks(server):
+    "A non-streamed request whose client gives up (a read timeout closes the connection) is aborted too."
+    url, lp = server
+    with httpx.Client(base_url=url, timeout=httpx.Timeout(120, read=1.0)) as impatient:
+        with pytest.raises(httpx.ReadTimeout):
+            impatient.post("/v1/completions", json={"prompt": PROMPTS[1], "max_tokens": 450, "ignore_eos": True})
+    unfinished, free, total, tracked = idle_and_free(lp)
+    assert (unfinished, free, tracked) == (False, total, 0)
+
+
+def test_late_request_joins_the_batch(client, server):
+    "Continuous batching: a short request sent while a long stream runs finishes while the long one still runs."
+    lp = server[1]
+    with client.stream("POST", "/v1/completions", json={"prompt": PROMPTS[2], "max_tokens": 300, "temperature": 0,
+                                                        "ignore_eos": True, "stream": True}) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+        short = complete(client, prompt="x = ", max_tokens=4, temperature=0)
+        running = lp.call(lambda e: len(e.requests)).result(timeout=60)
+        rest = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert short["usage"]["completion_tokens"] == 4
+    assert running == 1, "the long request had finished before the short one: it did not join the batch"
+    assert rest[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_load_4x_the_running_limit(server):
+    "16 concurrent requests, max_num_seqs 4: all complete with their token counts, requests queued; latency printed."
+    url, lp = server
+    n, lengths = 16, [4 + (7 * i) % 29 for i in range(16)]
+    before = None
+    waiting_seen = []
+
+    async def one(c, i):
+        t0 = time.perf_counter()
+        r = await c.post("/v1/completions", json={"prompt": PROMPTS[i % 4], "max_tokens": lengths[i],
+                                                  "temperature": 0.8, "seed": i, "ignore_eos": True})
+        return r, time.perf_counter() - t0
+
+    async def watch(c, stop):
+        while not stop.is_set():
+            waiting_seen.append(samples_of((await c.get("/metrics")).text)["vllm:num_requests_waiting"])
+            await asyncio.sleep(0.02)
+
+    async def main():
+        nonlocal before
+        async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=32)) as c:
+            before = samples_of((await c.get("/metrics")).text)
+            stop = asyncio.Event()
+            watcher = asyncio.create_task(watch(c, stop))
+            results = await asyncio.gather(*(one(c, i) for i in range(n)))
+            stop.set()
+            await watcher
+            return results, samples_of((await c.get("/metrics")).text)
+
+    results, after = asyncio.run(asyncio.wait_for(main(), timeout=300))
+    assert [r.status_code for r, _ in results] == [200] * n, [r.text for r, _ in results if r.status_code != 200]
+    assert [r.json()["usage"]["completion_tokens"] for r, _ in results] == lengths
+    assert len({r.json()["id"] for r, _ in results}) == n
+    assert after["vllm:request_success_total"] - before["vllm:request_success_total"] == n
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == sum(lengths)
+    assert max(waiting_seen, default=0) > 0 or lp.max_waiting > 0, (waiting_seen, lp.max_waiting)
+    assert lp.max_waiting <= n - 4
+    secs = sorted(t for _, t in results)
+    q = statistics.quantiles(secs, n=100)
+    print(f"\n16 requests, 4 running at most: latency p50 {q[49]:.2f} s, p90 {q[89]:.2f} s, p99 {q[98]:.2f} s; "
+          f"the waiting queue peaked at {lp.max_waiting} (scrapes saw {max(waiting_seen, default=0):.0f})")
+
+
+def test_plain_server(reference, client):
+    "--draft none: no spec-decode families (as vLLM), and greedy text equal to the speculative server's."
+    lp = EngineLoop(load_engine(tiny_pair_path("target"), None, kappa=0, max_num_seqs=4))
+    with ServerThread(build_app(lp, MODEL)) as srv, httpx.Client(base_url=srv.url, timeout=120) as plain:
+        got = complete(plain, prompt=PROMPTS[3], max_tokens=16, temperature=0)
+        text = plain.get("/metrics").text
+    assert got["choices"][0]["text"] == complete(client, prompt=PROMPTS[3], max_tokens=16,
+                                                 temperature=0)["choices"][0]["text"]
+    assert "vllm:spec_decode" not in text and "vllm:generation_tokens_total" in text
+    assert not lp.alive
+
+
+def _speclab(*argv, timeout=60):
+    return subprocess.run([str(SPECLAB), *argv], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--port", "-1"], ["argument --port", "-1"]),
+    (["--port", "70000"], ["argument --port", "[0, 65535]"]),
+    (["--num-spec-tokens", "-1"], ["argument --num-spec-tokens", "must be >= 0"]),
+    (["--max-num-seqs", "0"], ["--max-num-seqs must be >= 1"]),
+    (["--draft", "tiny", "--ngram", "2"], ["--ngram", "not allowed with argument --draft"]),
+])
+def test_cli_argument_errors(argv, words):
+    r = _speclab("serve", *argv)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("speclab serve: error:"), r.stderr
+    for w in words:
+        assert w in r.stderr, r.stderr
+
+
+def test_speclab_serve_process(tmp_path):
+    "`speclab serve` as a real process: it prints its URL, serves, and SIGINT stops it with status 0."
+    out = (tmp_path / "out.txt").open("w")
+    proc = subprocess.Popen([str(SPECLAB), "serve", "--port", "0", "--max-num-seqs", "2", "--threads", "1"],
+                            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        deadline, url = time.monotonic() + 120, None
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            words = [w for w in (tmp_path / "out.txt").read_text().split() if w.startswith("http://")]
+            url = words[0] if words else None
+            time.sleep(0.1)
+        assert url, (tmp_path / "out.txt").read_text()
+        with httpx.Client(base_url=url, timeout=120) as c:
+            while c.get("/health").status_code != 200 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            r = c.post("/v1/completions", json={"model": MODEL, "prompt": "def f(x):\n", "max_tokens": 6})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6, r.text
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, (tmp_path / "out.txt").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out.close()
+    text = (tmp_path / "out.txt").read_text()
+    assert "speclab serve: stopped" in text and "Traceback" not in text, text
+
+
+def test_fresh_server_scrapes_at_zero(reference):
+    "Before any request, /metrics already holds every spec-decode counter at 0: a sweep's first scrape parses."
+    lp = EngineLoop(reference)
+    with ServerThread(build_app(lp, MODEL)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+        m = parse_prometheus(c.get("/metrics").text)
+    assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens, m.accepted_per_pos) == (0, 0, 0, [0, 0, 0])

@@ -1,0 +1,146 @@
+"""Lab 08's sweep against a live server: `speclab serve` processes on localhost, scraped like vLLM.
+
+The claim of the `--url` mode is that it is the same experiment as the in-process sweep. With greedy decoding and a
+fixed kappa every request drafts the same tokens at the same steps whoever shares its batch, so the counters the two
+scrapes give must equal the in-process engine's exactly (drafts, draft tokens, accepted tokens, per position, the
+per-draft histogram), and so must E and alpha-hat. Each server is a real `speclab serve` subprocess on 127.0.0.1 on a
+free port; every wait is bounded.
+"""
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from speclab.acceptance import scrape, sweep, sweep_prompts, sweep_url
+from speclab.engine import ModelDrafter
+from speclab.model import load_model, load_tokenizer
+from speclab.train import tiny_pair_path
+
+SPECLAB = Path(sys.executable).parent / "speclab"
+BATCHES = [1, 3]
+OUTPUT_LEN = 12
+NUM_PROMPTS = 4
+
+
+def free_port() -> int:
+    "A port nothing listens on now."
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(*argv: str, wait: float = 180.0) -> tuple:
+    "`speclab serve ARGV` on a free port: (process, url), once /health answers; the log on failure."
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([str(SPECLAB), "serve", "--port", str(port), "--threads", "1", *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"speclab serve exited with {proc.returncode}:\n{proc.stdout.read()[-4000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    stop_server(proc)
+    raise RuntimeError(f"speclab serve did not answer /health within {wait} s")
+
+
+def stop_server(proc: subprocess.Popen) -> int:
+    "Ctrl-C, then a bounded wait (kill if it hangs): the exit status."
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+    return proc.returncode
+
+
+@pytest.fixture(scope="module")
+def servers():
+    "A speculative server (the shipped pair, kappa 3) and a plain one (the target alone)."
+    spec, spec_url = start_server("--num-spec-tokens", "3", "--max-num-seqs", "4")
+    try:
+        plain, plain_url = start_server("--draft", "none", "--max-num-seqs", "4")
+    except Exception:
+        stop_server(spec)
+        raise
+    yield spec_url, plain_url
+    codes = [stop_server(spec), stop_server(plain)]
+    assert codes == [0, 0], codes
+
+
+@pytest.fixture(scope="module")
+def in_process():
+    "The in-process sweep of Chapter 9 on the same prompts, batch sizes and lengths."
+    tok = load_tokenizer(tiny_pair_path("target"))
+    target, draft = load_model(tiny_pair_path("target")), load_model(tiny_pair_path("draft"))
+    return sweep(target, {"draft_model": ModelDrafter(draft)}, sweep_prompts(NUM_PROMPTS), BATCHES, (3,), (0.0,),
+                 (OUTPUT_LEN,), tok, repeats=1, progress=False)
+
+
+def test_url_sweep_reproduces_the_in_process_table(servers, in_process):
+    spec_url, plain_url = servers
+    rows = sweep_url(spec_url, BATCHES, 0.0, OUTPUT_LEN, NUM_PROMPTS, baseline_url=plain_url, repeats=1,
+                     progress=False)
+    assert [r["batch"] for r in rows] == BATCHES
+    for served, local in zip(rows, in_process):
+        assert served["metrics"] == local["metrics"], (served["batch"], served["metrics"], local["metrics"])
+        assert served["E"] == local["E"] and served["alpha_hat"] == local["alpha_hat"]
+        assert served["r"] == local["r"] and served["kappa"] == local["kappa"] == 3
+        assert served["requests"] == local["requests"]
+        assert served["sample"] == local["sample"]                  # greedy: the very same text
+        assert served["spec_tok_s"] > 0 and served["plain_tok_s"] > 0 and math.isfinite(served["speedup"])
+        assert served["metrics"].num_drafts > 0
+
+
+def test_url_sweep_without_a_baseline_has_no_speedup(servers):
+    spec_url, _ = servers
+    before = scrape(httpx.Client(), spec_url)
+    (row,) = sweep_url(spec_url, [2], 0.0, 6, 2, repeats=1, progress=False)
+    assert math.isnan(row["plain_tok_s"]) and math.isnan(row["speedup"]) and row["spec_tok_s"] > 0
+    after = scrape(httpx.Client(), spec_url)
+    assert after.num_drafts - before.num_drafts == row["metrics"].num_drafts > 0   # the window is this point alone
+
+
+def test_cli_sweep_url_prints_the_table(servers, tmp_path):
+    spec_url, plain_url = servers
+    out = tmp_path / "table.csv"
+    r = subprocess.run([str(SPECLAB), "sweep", "--url", spec_url, "--baseline-url", plain_url, "--batch-sizes", "1,2",
+                        "--output-len", "6", "--num-prompts", "2", "--repeats", "1", "--no-progress", "--out",
+                        str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "SpecDecoding metrics: Mean acceptance length" in r.stdout
+    assert "speedup" in r.stdout and "crossing" in r.stdout
+    assert out.exists() and out.read_text().count("\n") == 3                       # a header and two rows
+
+
+def test_url_sweep_names_a_server_that_is_not_there():
+    port = free_port()
+    with pytest.raises(RuntimeError, match=f"127.0.0.1:{port}.*is the server running"):
+        sweep_url(f"http://127.0.0.1:{port}", [1], 0.0, 4, 1, repeats=1, progress=False)
+
+
+def test_cli_sweep_url_errors_are_one_line():
+    r = subprocess.run([str(SPECLAB), "sweep", "--url", "localhost:8000"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--url" in r.stderr, r.stderr
+    r = subprocess.run([str(SPECLAB), "sweep", "--baseline-url", "http://127.0.0.1:9"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "--baseline-url needs --url" in r.stderr, r.stderr
+    r = subprocess.run([str(SPECLAB), "sweep", "--url", "http://127.0.0.1:9", "--synthetic"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "--synthetic" in r.stderr, r.stderr
