@@ -64,3 +64,15 @@ def test_h100_e2e_dry_run(tmp_path: Path) -> None:
     assert self_draft["acceptance_rate"] > 0.9 and self_draft["E"] > 1 + 0.9 * kappa   # the target agrees with itself
     assert next(x for x in engine if x["run"] == "draft" and x["B"] == 4)["predicted_at_B"] is not None
     assert meta["compile"] == dict(requested=False, mode=None, status="not requested")
+
+
+def test_serve_load_smoke() -> None:
+    "serve_load.py at a small size: 8 streamed requests against a running limit of 2 all complete, nothing lost."
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "serve_load.py"), "--requests", "8", "--max-num-seqs", "2",
+           "--min-tokens", "9", "--max-tokens", "16", "--json", "--timeout", "300"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    report = json.loads(r.stdout)
+    assert all(report["checks"].values()) and report["checks"], report["checks"]
+    assert report["output_tokens"] == sum(range(9, 17)) and report["most_waiting_seen"] > 0
+    assert report["ttft_s_p50"] <= report["latency_s_p99"] and report["E"] >= 1
