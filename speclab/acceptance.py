@@ -7,7 +7,7 @@ __all__ = ['metrics_from_hist', 'conditional_rates', 'AlphaFit', 'fit_alpha', 'i
            'parse_vllm_log', 'parse_prometheus', 'metrics_delta', 'prometheus_text', 'step_seconds', 'RooflineFit',
            'fit_ridge', 'measure_roofline', 'measured_crossing', 'SyntheticSampler', 'sweep_work', 'measure_point',
            'sweep', 'tiny_pair_drafters', 'torch_threads', 'sweep_tiny_pair', 'save_table', 'load_table',
-           'served_model', 'scrape', 'completion_body', 'run_concurrent', 'measure_url_point', 'url_prompts',
+           'served_model', 'scrape', 'completion_body', 'run_concurrent', 'measure_url_point', 'url_prompts', 'warm_up',
            'sweep_url']
 
 # %% ../nbs/09_acceptance.ipynb #24616a5e
@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -1112,6 +1112,13 @@ def url_prompts(num_prompts: int = 16) -> list:
     tokenizer = load_tokenizer(tiny_pair_path("target"))
     return [tokenizer.decode(ids) for ids in sweep_prompts(num_prompts)]
 
+def warm_up(urls: list, prompt: str, params: SamplingParams) -> None:
+    "One short request to each server before anything is timed or counted (a server's first request pays extra)."
+    with httpx.Client(timeout=600.0) as client:
+        for u in urls:
+            body = completion_body(served_model(client, u), prompt, replace(params, max_tokens=2))
+            _call(client, "POST", f"{u}/v1/completions", json=body)
+
 def sweep_url(url: str, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), temperature: float = 0.0,
               output_len: int = 32, num_prompts: int = 16, baseline_url: str | None = None, repeats: int = 2,
               progress: bool = True) -> list:
@@ -1123,11 +1130,12 @@ def sweep_url(url: str, batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), tempe
         raise ValueError(f"batch_sizes must be a non-empty list of ints >= 1, got {batch_sizes!r}")
     params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True)
     prompts = url_prompts(num_prompts)
+    url, baseline_url = url.rstrip("/"), baseline_url and baseline_url.rstrip("/")
+    warm_up([u for u in (url, baseline_url) if u], prompts[0], params)
     rows = []
     bar = tqdm(sorted(set(batch_sizes)), desc="sweep", disable=not progress)
     for batch in bar:
-        row = measure_url_point(url.rstrip("/"), prompts, batch, params, baseline_url and baseline_url.rstrip("/"),
-                                repeats)
+        row = measure_url_point(url, prompts, batch, params, baseline_url, repeats)
         rows.append({"drafter": "server", "url": url, **row})
         bar.set_postfix(batch=batch, E=f"{row['E']:.2f}")
     return rows

@@ -367,13 +367,18 @@ def _int_list(text: str) -> list:
         raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
     return values
 
+def _cell(x: float, width: int, fmt: str) -> str:
+    "x formatted in `width` columns, or a dash where it is unknown (NaN: no baseline server, no histogram)."
+    return f"{x:{width}{fmt}}" if math.isfinite(x) else f"{'-':>{width}}"
+
 def _sweep_table(rows: list) -> str:
     "The sweep's rows as a readable table."
     lines = [f"{'batch':>5} {'spec tok/s':>11} {'plain tok/s':>12} {'speedup':>8} {'E':>5} {'alpha':>6}  r_1..r_kappa"]
     for r in rows:
         rates = ", ".join(f"{x:.3f}" for x in r["r"])
-        lines.append(f"{r['batch']:>5} {r['spec_tok_s']:11.1f} {r['plain_tok_s']:12.1f} {r['speedup']:7.2f}x "
-                     f"{r['E']:5.2f} {r['alpha_hat']:6.3f}  {rates}")
+        speedup = _cell(r["speedup"], 7, ".2f") + ("x" if math.isfinite(r["speedup"]) else " ")
+        lines.append(f"{r['batch']:>5} {_cell(r['spec_tok_s'], 11, '.1f')} {_cell(r['plain_tok_s'], 12, '.1f')} "
+                     f"{speedup} {r['E']:5.2f} {_cell(r['alpha_hat'], 6, '.3f')}  {rates}")
     return "\n".join(lines)
 
 def _print_rows(rows: list, print_output: bool) -> None:

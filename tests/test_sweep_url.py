@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from speclab.acceptance import scrape, sweep, sweep_prompts, sweep_url
+from speclab.cli import _sweep_table
 from speclab.engine import ModelDrafter
 from speclab.model import load_model, load_tokenizer
 from speclab.train import tiny_pair_path
@@ -113,7 +114,11 @@ def test_url_sweep_without_a_baseline_has_no_speedup(servers):
     (row,) = sweep_url(spec_url, [2], 0.0, 6, 2, repeats=1, progress=False)
     assert math.isnan(row["plain_tok_s"]) and math.isnan(row["speedup"]) and row["spec_tok_s"] > 0
     after = scrape(httpx.Client(), spec_url)
-    assert after.num_drafts - before.num_drafts == row["metrics"].num_drafts > 0   # the window is this point alone
+    warm_up_drafts = after.num_drafts - before.num_drafts - row["metrics"].num_drafts
+    assert row["metrics"].num_drafts > 0 and warm_up_drafts == 1     # the window holds the point, not the warm-up
+                                                                     # (2 tokens: one draft of one token)
+    table = _sweep_table([row])
+    assert "nan" not in table and table.splitlines()[1].split()[2:4] == ["-", "-"]   # unknown, shown as dashes
 
 
 def test_cli_sweep_url_prints_the_table(servers, tmp_path):
