@@ -4,7 +4,7 @@
     python benchmarks/serve_load.py --draft none       # the same against a plain server
     python benchmarks/serve_load.py --json             # one JSON object
 
-Starts `speclab serve` as a subprocess on a free port of 127.0.0.1 (nothing leaves this machine), waits for /health,
+Starts `speclab serve` as a subprocess on 127.0.0.1 (`speclab.testing.serve_process`; nothing leaves this machine),
 then sends --requests streamed completions at once (greedy, ignore_eos, output lengths spread evenly over
 --min-tokens..--max-tokens in a seeded order, prompts from the held-out set). Each client records the time to its
 first text chunk (TTFT) and to the end of its stream, and counts the tokens the final usage chunk reports. The
@@ -17,13 +17,9 @@ import argparse
 import asyncio
 import json
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 
@@ -49,31 +45,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if a.min_tokens > a.max_tokens:
         ap.error("--min-tokens must not exceed --max-tokens")
     return a
-
-
-def free_port() -> int:
-    "A port nothing listens on now."
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(a: argparse.Namespace) -> tuple:
-    "`speclab serve` on a free port: (process, url) once /health answers."
-    port = free_port()
-    cmd = [str(Path(sys.executable).parent / "speclab"), "serve", "--port", str(port), "--draft", a.draft,
-           "--max-num-seqs", str(a.max_num_seqs), "--threads", str(a.threads)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.3)
-    proc.kill()
-    raise SystemExit(f"speclab serve did not come up: {proc.stderr.read()[-2000:]}")
 
 
 def samples(text: str) -> dict:
@@ -141,20 +112,15 @@ def main(argv: list[str] | None = None) -> int:
     "Run the load, check nothing was lost, report."
     a = parse_args(argv)
     from speclab.acceptance import url_prompts
+    from speclab.testing import serve_process
     lengths = [a.min_tokens + round(i * (a.max_tokens - a.min_tokens) / max(1, a.requests - 1))
                for i in range(a.requests)]
     random.Random(a.seed).shuffle(lengths)
     load_before = load_average()
-    proc, url = start_server(a)
-    try:
+    argv = ["--draft", a.draft, "--max-num-seqs", str(a.max_num_seqs), "--threads", str(a.threads)]
+    with serve_process(*argv) as url:
         results, seconds, before, after, most_waiting = asyncio.run(
             asyncio.wait_for(load(url, url_prompts(16), lengths), a.timeout))
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
     ok = [r for r in results if r["status"] == 200 and r["done"] and r["tokens"] == r["want"]]
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     drafts = delta.get("vllm:spec_decode_num_drafts_total", 0)

@@ -4,11 +4,22 @@
 
 # %% auto #0
 __all__ = ['tiny_hf_checkpoint', 'parity_error', 'tiny_random_pair', 'sequence_law', 'ragged_feeds', 'cached_walk', 'paged_walk',
-           'reference_logits']
+           'reference_logits', 'serve_process']
 
 # %% ../nbs/95_testing.ipynb #48a6f955
 import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
+import httpx
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -170,3 +181,56 @@ def reference_logits(model: Llama, tokens: list[int] | torch.Tensor,
     for layer in model.model.layers:
         x = decoder_layer(layer, x, cos, sin, attend, model.args)
     return model.model.norm(x) @ model.head_weight.T
+
+# %% ../nbs/95_testing.ipynb #5e1d0d02
+@contextmanager
+def serve_process(*argv: str, wait: float = 180.0) -> Iterator[str]:
+    "`speclab serve --port 0 ARGV` as a subprocess: its URL once /health answers; Ctrl-C (exit status 0) after."
+    log = tempfile.TemporaryFile("w+")
+    cmd = [str(Path(sys.executable).parent / "speclab"), "serve", "--host", "127.0.0.1", "--port", "0", *argv]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield _wait_healthy(proc, log, wait)
+    except BaseException:
+        _stop(proc, log, check=False)                      # the error in flight is the one to report
+        raise
+    _stop(proc, log, check=True)
+
+def _log_tail(log: Any) -> str:
+    "The last 4,000 characters a server wrote."
+    log.seek(0)
+    return log.read()[-4000:]
+
+def _healthy(url: str) -> bool:
+    "Whether GET url/health answers 200 now."
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+def _wait_healthy(proc: subprocess.Popen, log: Any, wait: float) -> str:
+    "The URL the server printed, once its /health answers 200 (RuntimeError with its log if it never does)."
+    deadline = time.monotonic() + wait
+    url = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        if url is None:
+            found = re.findall(r"http://127\.0\.0\.1:\d+", _log_tail(log))
+            url = found[0] if found else None
+        if url is not None and _healthy(url):
+            return url
+        time.sleep(0.2)
+    raise RuntimeError(f"speclab serve did not become healthy (exit status {proc.poll()}):\n{_log_tail(log)}")
+
+def _stop(proc: subprocess.Popen, log: Any, check: bool) -> None:
+    "Ctrl-C and a bounded wait (kill a server that hangs); with `check`, a non-zero exit raises with the log."
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+    tail = _log_tail(log)
+    log.close()
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"speclab serve exited with status {proc.returncode}:\n{tail}")

@@ -3,16 +3,13 @@
 The claim of the `--url` mode is that it is the same experiment as the in-process sweep. With greedy decoding and a
 fixed kappa every request drafts the same tokens at the same steps whoever shares its batch, so the counters the two
 scrapes give must equal the in-process engine's exactly (drafts, draft tokens, accepted tokens, per position, the
-per-draft histogram), and so must E and alpha-hat. Each server is a real `speclab serve` subprocess on 127.0.0.1 on a
-free port; every wait is bounded.
+per-draft histogram), and so must E and alpha-hat. Each server is a real `speclab serve` subprocess on 127.0.0.1
+(`speclab.testing.serve_process`); every wait is bounded.
 """
 import math
-import os
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -22,6 +19,7 @@ from speclab.acceptance import scrape, sweep, sweep_prompts, sweep_url
 from speclab.cli import _sweep_table
 from speclab.engine import ModelDrafter
 from speclab.model import load_model, load_tokenizer
+from speclab.testing import serve_process
 from speclab.train import tiny_pair_path
 
 SPECLAB = Path(sys.executable).parent / "speclab"
@@ -31,57 +29,18 @@ NUM_PROMPTS = 4
 
 
 def free_port() -> int:
-    "A port nothing listens on now."
+    "A port nothing listens on now (for the test of a server that is not there)."
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def start_server(*argv: str, wait: float = 180.0) -> tuple:
-    "`speclab serve ARGV` on a free port: (process, url), once /health answers; the log on failure."
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([str(SPECLAB), "serve", "--port", str(port), "--threads", "1", *argv],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"speclab serve exited with {proc.returncode}:\n{proc.stdout.read()[-4000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    stop_server(proc)
-    raise RuntimeError(f"speclab serve did not answer /health within {wait} s")
-
-
-def stop_server(proc: subprocess.Popen) -> int:
-    "Ctrl-C, then a bounded wait (kill if it hangs): the exit status."
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
-    return proc.returncode
-
-
 @pytest.fixture(scope="module")
 def servers():
-    "A speculative server (the shipped pair, kappa 3) and a plain one (the target alone)."
-    spec, spec_url = start_server("--num-spec-tokens", "3", "--max-num-seqs", "4")
-    try:
-        plain, plain_url = start_server("--draft", "none", "--max-num-seqs", "4")
-    except Exception:
-        stop_server(spec)
-        raise
-    yield spec_url, plain_url
-    codes = [stop_server(spec), stop_server(plain)]
-    assert codes == [0, 0], codes
+    "A speculative server (the shipped pair, kappa 3) and a plain one (the target alone); both must stop cleanly."
+    with serve_process("--num-spec-tokens", "3", "--max-num-seqs", "4", "--threads", "1") as spec_url, \
+            serve_process("--draft", "none", "--max-num-seqs", "4", "--threads", "1") as plain_url:
+        yield spec_url, plain_url
 
 
 @pytest.fixture(scope="module")
