@@ -9,9 +9,10 @@ __all__ = ['SUM_TOL', 'NextTokenFn', 'StepFn', 'Sampler', 'UINT32_TO_UNIT', 'LEV
            'edge_case_pairs', 'step_law', 'chain_law', 'target_law', 'argmax_token', 'greedy_step', 'greedy_fn',
            'expected_tokens', 'simulate_num_accepted', 'mean_acceptance_length', 'accept_ge', 'accept_lt',
            'count_exact_zeros', 'count_hashes_rounding_to_one', 'inverse_cdf_walk', 'thresholded_distribution',
-           'detectable_tv', 'chi_square_gof', 'least_favourable_shift', 'ExactnessReport', 'check_exactness',
-           'check_chain_exactness', 'threshold_on_p_sampler', 'topk_membership_sampler', 'resample_from_p_sampler',
-           'keep_tail_step', 'bonus_after_reject_step', 'exactness_verdict', 'proof_checks', 'format_proof_report']
+           'detectable_tv', 'chi_square_gof', 'least_favourable_shift', 'draws_for_tv', 'ExactnessReport',
+           'check_exactness', 'check_chain_exactness', 'threshold_on_p_sampler', 'topk_membership_sampler',
+           'resample_from_p_sampler', 'keep_tail_step', 'bonus_after_reject_step', 'exactness_verdict', 'proof_checks',
+           'format_proof_report']
 
 # %% ../nbs/01_proof.ipynb #f2828c98
 from collections import defaultdict
@@ -362,6 +363,17 @@ def least_favourable_shift(p: npt.ArrayLike, tv: float) -> np.ndarray:
     if shifted.min() < 0:
         raise ValueError(f"tv={tv} is too large for this p")
     return shifted
+
+# %% ../nbs/01_proof.ipynb #9a39c537
+def draws_for_tv(tv: float, num_bins: int, level: float = LEVEL, power: float = POWER) -> int:
+    "Fewest draws at which a chi-square test over `num_bins` outcomes flags a TV bias of `tv` with probability `power`."
+    if isinstance(tv, bool) or not isinstance(tv, (int, float, np.floating)) or not 0 < tv < 1:
+        raise ValueError(f"tv must be a number in (0, 1), got {tv!r}")
+    num_bins = as_count(num_bins, "num_bins")
+    if num_bins < 2:
+        return int(np.ceil(np.log1p(-power) / np.log1p(-tv)))  # one outcome: the first impossible draw shows it
+    lam_over_4 = detectable_tv(1, num_bins, level, power) ** 2  # detectable_tv(n) = sqrt(lambda* / (4 n))
+    return int(np.ceil(lam_over_4 / tv ** 2))
 
 # %% ../nbs/01_proof.ipynb #69209cb3
 @dataclass

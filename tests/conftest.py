@@ -5,6 +5,13 @@ import os
 # the first `@triton.jit` is created. Subprocesses (nbdev_test, the CLI) inherit it.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# pytest-xdist runs the suite's files on every core (pyproject.toml: -n auto). Each worker keeps one torch thread, and
+# so do the notebooks and commands it starts, so that workers do not fight over cores; a test that times something
+# sets its own thread count. This must happen before anything imports torch.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 import re
 import subprocess
 import sys
@@ -12,6 +19,15 @@ from configparser import ConfigParser
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+
+import suite_clock
+
+# Property tests: the same examples on every CI run (derandomized, no example database), random exploration on a
+# developer's machine. .ci/run sets CI=true; SPECLAB_HYPOTHESIS_PROFILE picks a profile by name.
+hypothesis_settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+hypothesis_settings.register_profile("dev", deadline=None, print_blob=True)
+hypothesis_settings.load_profile(os.environ.get("SPECLAB_HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the venv running the tests: nbdev_test, nbdev_export, speclab live here
@@ -60,3 +76,8 @@ def readme_blocks(text: str) -> list[tuple[str, str, str]]:
 def readme() -> list[tuple[str, str, str]]:
     "README.md's fenced blocks, as `readme_blocks` returns them."
     return readme_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+
+
+def pytest_configure(config):
+    "The suite's clock (tests/suite_clock.py): time per file in every run, and a failure past the budget."
+    suite_clock.pytest_configure(config)
