@@ -5,9 +5,9 @@
 # %% auto #0
 __all__ = ['ROOFLINE_ROWS', 'DTYPES', 'SHIPPED', 'FLAGS', 'DEMO_PROMPTS', 'DEMO_STOP', 'AT_LEAST_1', 'UsageError', 'Parser',
            'one_line', 'user_input', 'check_device', 'cmd_proof', 'roofline_cell', 'cmd_roofline', 'cmd_train_toy',
-           'resolve_checkpoint', 'sampling_params', 'load_decoder', 'cmd_generate', 'available_cores', 'idle_cores',
-           'demo_threads', 'time_demo', 'training_minutes', 'cmd_demo', 'cmd_sweep', 'cmd_grade', 'cmd_serve',
-           'build_parser', 'check_args', 'main']
+           'cmd_train_eagle', 'resolve_checkpoint', 'sampling_params', 'load_decoder', 'cmd_generate',
+           'available_cores', 'idle_cores', 'demo_threads', 'time_demo', 'training_minutes', 'cmd_demo', 'cmd_sweep',
+           'cmd_grade', 'cmd_serve', 'build_parser', 'check_args', 'main']
 
 # %% ../nbs/90_cli.ipynb #92d8e588
 import argparse
@@ -133,6 +133,12 @@ def cmd_train_toy(argv: list[str]) -> int:
     train_main(argv)
     return 0
 
+def cmd_train_eagle(argv: list[str]) -> int:
+    "Forward the arguments to `speclab.eagle.main` (Chapter 12: the EAGLE head's training script)."
+    from speclab.eagle import main as eagle_main
+    eagle_main(argv)
+    return 0
+
 # %% ../nbs/90_cli.ipynb #53f1caad
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp64": "float64"}
 SHIPPED = {"tiny-target": "target", "tiny-draft": "draft"}  # plus "tiny": the pair's model in the flag's role
@@ -164,15 +170,18 @@ def load_decoder(target: str, draft: str | None = None, ngram: int | None = None
                  prefix_caching: bool = True) -> tuple[Any, Any]:  # (speclab.engine.SpecDecoder, a tokenizer)
     "A SpecDecoder on local checkpoints (draft model, n-gram lookup, or neither) and the target's tokenizer."
     import torch
+    from speclab.eagle import EAGLE_NAMES, eagle_drafter, eagle_path, is_eagle_head
     from speclab.engine import ModelDrafter, NgramDrafter, SpecDecoder
     from speclab.model import load_model, load_tokenizer
     check_device(device, backend)
     dt, target = getattr(torch, DTYPES[dtype]), resolve_checkpoint(target, "target")
-    draft = None if draft is None else resolve_checkpoint(draft, "draft")
-    tok = load_tokenizer(target)
-    drafter = (ModelDrafter(load_model(draft, dt, device), tokenizer=load_tokenizer(draft)) if draft else
+    head = eagle_path() if draft in EAGLE_NAMES else draft if draft and is_eagle_head(draft) else None
+    draft = None if draft is None or head is not None else resolve_checkpoint(draft, "draft")
+    tok, target_model = load_tokenizer(target), load_model(target, dt, device)
+    drafter = (eagle_drafter(target_model, head) if head is not None else
+               ModelDrafter(load_model(draft, dt, device), tokenizer=load_tokenizer(draft)) if draft else
                NgramDrafter(ngram) if ngram else None)
-    eng = SpecDecoder(load_model(target, dt, device), drafter, tok, kappa=kappa, backend=backend, seed=seed,
+    eng = SpecDecoder(target_model, drafter, tok, kappa=kappa, backend=backend, seed=seed,
                       enable_prefix_caching=prefix_caching)
     return eng, tok
 
@@ -637,6 +646,9 @@ def build_parser() -> Parser:
     toy = sub.add_parser("train-toy", add_help=False,
                          help="train the tiny target/draft pair (Chapter 7b); see `speclab train-toy --help`")
     toy.set_defaults(func=cmd_train_toy)
+    eagle = sub.add_parser("train-eagle", add_help=False,
+                           help="train the EAGLE head on the tiny target (Chapter 12); `speclab train-eagle --help`")
+    eagle.set_defaults(func=cmd_train_eagle)
     return parser
 
 # %% ../nbs/90_cli.ipynb #9c658328
@@ -677,8 +689,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args, rest = parser.parse_known_args(argv)
-        if args.command == "train-toy":
-            return args.func(rest)  # its own parser, in speclab.train
+        if args.command in ("train-toy", "train-eagle"):
+            return args.func(rest)  # its own parser, in speclab.train or speclab.eagle
         if rest:
             prog = f"speclab {args.command}" if args.command else "speclab"
             raise UsageError(f"{prog}: error: unrecognized arguments: {' '.join(rest)} (see `{prog} --help`)")

@@ -687,7 +687,8 @@ def verify(engine: SpecDecoder, batch: list[RequestState], drafts: list[list[int
     cu_num_scheduled_tokens = torch.tensor([len(b) for b in blocks]).cumsum(0)
     engine.stats["target_tokens"] += int(cu_num_scheduled_tokens[-1])
     md = SpecDecodeMetadata.from_drafts(drafts, cu_num_scheduled_tokens, device=engine.device)
-    logits = forward_paged(engine.target, engine.cache, pb, md.logits_indices)
+    run_target = getattr(engine.drafter, "forward_target", forward_paged)  # an EAGLE head keeps the target's features
+    logits = run_target(engine.target, engine.cache, pb, md.logits_indices)
     sampling = SamplingMetadata.from_lists([r.params.temperature for r in batch], [r.params.top_k for r in batch],
                                            [r.params.top_p for r in batch], [r.target_gen for r in batch],
                                            engine.device)

@@ -1,0 +1,253 @@
+"""The EAGLE drafter in the engine (Chapter 12, speclab.eagle): exactness, rollback, preemption, prefix hits, a planted
+wrong-feature bug, and the shipped head.
+
+Exactness reuses tests/test_engine.py's harness on `tiny_random_pair` (V = 8, float64) with a random head (std 0.5 weights,
+so its q is peaked and unlike the target's: acceptance about 40% per position) reading the target's hidden states 1
+and 2. The law test draws N_LAW = 100,000 requests per sampling setting (SPECLAB_ENGINE_SAMPLES overrides it, as there)
+at kappa = 3, the four settings interleaved in every batch with a greedy request every 16: the same level (1e-3) and
+power as the model and n-gram drafters (flags TV >= 0.024 on 512 outcomes, 0.014 on 27). kappa = 1 and 5 are carried
+by the greedy, rollback and parity tests (the law of a step does not depend on kappa beyond what Chapter 1 proves;
+the engine's kappa plumbing is shared with the model drafter, whose grid covers 1, 3 and 5).
+
+The planted bug reads the target's features from the wrong position (p - 2 instead of p - 1): the output law stays the
+target's (greedy output identical to plain decoding, deterministic) while acceptance of the shipped head on the shipped
+target drops (greedy acceptance on 8 held-out prompts, deterministic, so no level is needed: the test states the gap).
+"""
+import os
+from functools import lru_cache
+
+import numpy as np
+import pytest
+import torch
+
+from speclab.eagle import EagleDrafter, EagleHead, eagle_drafter, eagle_path, init_head, load_head, save_head
+from speclab.engine import ModelDrafter, SamplingParams, SpecDecoder
+from speclab.model import generate as plain_generate
+from speclab.model import load_model
+from speclab.proof import LEVEL
+from speclab.train import eval_prompts, tiny_pair_path
+from test_engine import (CALL, GREEDY_EVERY, GROUPS, N_LAW, PROMPT, V, check_law, engine_seed, greedy_case,
+                         group_params, law, pair)
+
+torch.set_num_threads(1)
+LAYERS = (1, 2)                  # the tiny target has 2 layers: the hidden states after the first and after the last
+
+
+@lru_cache(maxsize=None)
+def head(vocab_size=V):
+    "A random head for the tiny random target (float64, std 0.5: peaked, unlike the target)."
+    return init_head(pair(vocab_size)[0], LAYERS, seed=1, std=0.5)
+
+
+class WrongFeature(EagleDrafter):
+    "Planted bug: the head at position p reads the target's features of p - 2 instead of p - 1."
+    def feature_positions(self, r, start, end):
+        return [p - 2 if p >= 2 else -1 for p in range(start, end)]
+
+
+class Recompute(EagleDrafter):
+    "A reference with no memory between steps: the head's K/V recomputed from position 0 every step."
+    def propose(self, batch, kappas):
+        self.trusted = {}
+        return super().propose(batch, kappas)
+
+
+class Recording:
+    "Wraps a drafter and records every step's drafts per request id."
+    def __init__(self, inner):
+        self.inner, self.drafts = inner, {}
+        self.uses_probs, self.vocab_size, self.tokenizer = inner.uses_probs, inner.vocab_size, None
+
+    def bind(self, *a):
+        self.inner.bind(*a)
+
+    def forward_target(self, *a):
+        return self.inner.forward_target(*a)
+
+    def propose(self, batch, kappas):
+        drafts, q = self.inner.propose(batch, kappas)
+        for r, d in zip(batch, drafts):
+            self.drafts.setdefault(r.req_id, []).append(tuple(d))
+        return drafts, q
+
+
+def eagle(vocab_size=V, cls=EagleDrafter):
+    target = pair(vocab_size)[0]
+    return cls(head(vocab_size), target)
+
+
+# --- exactness ----------------------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def eagle_law_counts(kappa, n, cls=EagleDrafter):
+    "tests/test_engine.py's law_counts with the EAGLE drafter: counts [setting, outcome] of the first three tokens."
+    target, params = pair()[0], group_params(kappa)
+    greedy = SamplingParams(temperature=0, max_tokens=params[0].max_tokens)
+    greedy_ref = plain_generate(target, None, PROMPT, greedy.max_tokens, temperature=0)
+    total, G = n * len(GROUPS), len(GROUPS)
+    counts, drafted = np.zeros((G, V ** 3), np.int64), 0
+    for call, start in enumerate(range(0, total, CALL)):
+        m = min(CALL, total - start)
+        batch, setting = [], []
+        for i in range(start, start + m):
+            if i % GREEDY_EVERY == 0:
+                batch.append(greedy)
+                setting.append(-1)
+            batch.append(params[i % G])
+            setting.append(i % G)
+        eng = SpecDecoder(target, eagle(cls=cls), kappa=kappa, max_num_seqs=len(batch), max_num_batched_tokens=2 ** 20,
+                          seed=engine_seed(kappa, "eagle", cls.__name__, n, call))
+        outs = eng.generate([PROMPT] * len(batch), batch)
+        assert all(o.token_ids == greedy_ref for o, p in zip(outs, batch) if p.greedy)
+        setting = np.array(setting)
+        codes = np.array([o.token_ids[:3] for o in outs]) @ np.array([V * V, V, 1])
+        np.add.at(counts, (setting[setting >= 0], codes[setting >= 0]), 1)
+        drafted += eng.metrics.num_draft_tokens
+    return counts, drafted
+
+
+@pytest.mark.parametrize("temperature,top_k", GROUPS, ids=[f"T{t}-topk{k}" for t, k in GROUPS])
+def test_eagle_law_of_first_three_tokens(temperature, top_k):
+    """Through the EAGLE drafter (kappa 3) the engine emits the target's law of three tokens, at the grid's level and
+    power (N_LAW draws per setting; flags TV >= 0.024 / 0.014 at 100,000)."""
+    counts, drafted = eagle_law_counts(3, N_LAW)
+    pval, df, flags = check_law(counts[GROUPS.index((temperature, top_k))], law(temperature, top_k), N_LAW)
+    assert drafted > 0
+    stated = (0.025, 0.015) if N_LAW >= 100_000 else (0.063, 0.037)
+    assert flags < stated[top_k != 0], "fewer samples than the stated power needs"
+    assert pval > LEVEL, f"chi-square p = {pval:.2e} on {df} df (this test flags TV >= {flags:.3f})"
+
+
+@pytest.mark.parametrize("kappa", [1, 3, 5, {2: 4, 64: 2}], ids=["kappa1", "kappa3", "kappa5", "schedule"])
+@pytest.mark.parametrize("vocab_size", [8, 64], ids=["V8", "V64"])
+def test_eagle_greedy_equals_plain_greedy(vocab_size, kappa):
+    "Temperature 0 through the EAGLE drafter: the target's greedy output for 50 prompts batched at once (float64)."
+    prompts, max_tokens, plain = greedy_case(vocab_size)
+    eng = SpecDecoder(pair(vocab_size)[0], eagle(vocab_size), kappa=kappa, seed=engine_seed(vocab_size, "eagle"))
+    outs = eng.generate(prompts, [SamplingParams(temperature=0, max_tokens=m) for m in max_tokens])
+    assert [o.token_ids for o in outs] == plain
+    assert eng.metrics.num_draft_tokens > 0
+
+
+def test_wrong_feature_keeps_the_greedy_law():
+    "The planted bug (features of the wrong position) still decodes exactly: greedy output = plain greedy output."
+    prompts, max_tokens, plain = greedy_case(64)
+    eng = SpecDecoder(pair(64)[0], eagle(64, WrongFeature), kappa=3)
+    outs = eng.generate(prompts, [SamplingParams(temperature=0, max_tokens=m) for m in max_tokens])
+    assert [o.token_ids for o in outs] == plain
+
+
+def test_wrong_feature_keeps_the_sampled_law():
+    """The planted bug at temperature > 0 keeps the target's law (kappa 3, 15,000 draws per setting: flags TV >= 0.063
+    on 512 outcomes, 0.037 on 27, at level 1e-3): a wrong q changes acceptance, never the law (Chapter 1)."""
+    n = 15_000
+    counts, _ = eagle_law_counts(3, n, WrongFeature)
+    for s, (t, k) in enumerate(GROUPS):
+        pval, df, flags = check_law(counts[s], law(t, k), n)
+        assert flags < 0.064
+        assert pval > LEVEL, f"{(t, k)}: chi-square p = {pval:.2e} on {df} df"
+
+
+# --- the head's own K/V: rollback, preemption, prefix hits ----------------------------------------------------------------
+
+def _run(drafter, prompts, max_tokens, **kw):
+    rec = Recording(drafter)
+    eng = SpecDecoder(pair(64)[0], rec, kappa=kw.pop("kappa", 4), **kw)
+    outs = eng.generate(prompts, [SamplingParams(temperature=0, max_tokens=m) for m in max_tokens])
+    return [o.token_ids for o in outs], rec.drafts, eng
+
+
+def test_rollback_leaves_no_stale_state():
+    """The head's K/V roll back with the target's (Chapter 6): every draft equals that of a drafter that recomputes the
+    head from position 0 each step. A head that kept the K/V of its own (rejected or self-fed) positions would differ."""
+    prompts, max_tokens, plain = greedy_case(64)
+    outs, drafts, eng = _run(eagle(64), prompts, max_tokens)
+    ref_outs, ref_drafts, _ = _run(eagle(64, Recompute), prompts, max_tokens)
+    assert outs == plain == ref_outs
+    assert drafts == ref_drafts
+    assert 0 < eng.metrics.num_accepted_tokens < eng.metrics.num_draft_tokens    # some rejections were rolled back
+
+
+def test_preemption_recomputes_the_features():
+    """A pool too small for the batch preempts requests (recompute): output still equals plain greedy decoding and
+    every draft equals the recomputing reference's (the features and the head's K/V are rebuilt with the context)."""
+    prompts, max_tokens, plain = greedy_case(64)
+    outs, drafts, eng = _run(eagle(64), prompts, max_tokens, num_blocks=24, block_size=4)
+    ref_outs, ref_drafts, _ = _run(eagle(64, Recompute), prompts, max_tokens, num_blocks=24, block_size=4)
+    assert eng.scheduler.num_preemptions > 0
+    assert outs == plain == ref_outs
+    assert drafts == ref_drafts
+
+
+def test_prefix_hit_reads_features_stored_with_the_block():
+    """A prefix-cache hit has no target forward for its cached positions: their features live in the feature pool at
+    the blocks' slots (written when the blocks were computed). The second request hits 3 blocks and drafts exactly
+    what it drafts with prefix caching off (where everything is computed afresh)."""
+    g = np.random.default_rng(3)
+    shared = g.integers(0, 64, 13).tolist()
+    prompts = [shared + [1], shared + [2]]
+    runs = {}
+    for caching in (True, False):
+        rec = Recording(eagle(64))
+        eng = SpecDecoder(pair(64)[0], rec, kappa=3, block_size=4, enable_prefix_caching=caching)
+        outs = [eng.generate([p], SamplingParams(temperature=0, max_tokens=12))[0].token_ids for p in prompts]
+        runs[caching] = (outs, [d for d in rec.drafts[1] if d], eng.scheduler.num_cached_tokens)   # kappa-0 catch-ups: ()
+    assert runs[True][2] == 12 and runs[False][2] == 0            # the hit: 3 blocks of 4 tokens
+    assert runs[True][0] == runs[False][0] == [plain_generate(pair(64)[0], None, p, 12, temperature=0) for p in prompts]
+    assert runs[True][1] == runs[False][1]
+    assert sum(len(d) for d in runs[True][1]) > 0
+
+
+# --- the shipped head ---------------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def shipped():
+    return load_model(tiny_pair_path("target"))
+
+
+def _greedy_acceptance(drafter, n_prompts=8, max_tokens=32, kappa=3):
+    target = shipped()
+    prompts = eval_prompts(n_prompts)
+    eng = SpecDecoder(target, drafter, kappa=kappa)
+    outs = eng.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    plain = [plain_generate(target, None, p, max_tokens, temperature=0) for p in prompts]
+    return eng.metrics.acceptance_rate, [o.token_ids for o in outs] == [q[:max_tokens] for q in plain], eng.metrics
+
+
+def test_shipped_head_beats_the_draft_model_and_the_planted_bug():
+    """On the shipped target, greedy, kappa 3, 8 held-out prompts x 32 tokens (deterministic): the shipped head's
+    acceptance beats the 2-layer draft model's, and the planted wrong-feature bug lowers it by more than 0.1, while
+    all three decode exactly (output = plain greedy decoding)."""
+    target = shipped()
+    rate, exact, m = _greedy_acceptance(eagle_drafter(target))
+    bug_rate, bug_exact, _ = _greedy_acceptance(WrongFeature(load_head(eagle_path(), target), target))
+    draft_rate, draft_exact, _ = _greedy_acceptance(ModelDrafter(load_model(tiny_pair_path("draft"))))
+    assert exact and bug_exact and draft_exact
+    assert rate > draft_rate, (rate, draft_rate)
+    assert rate - bug_rate > 0.1, (rate, bug_rate)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    "save_head / load_head keep every weight and the feature layers; a head for another target is refused."
+    target = pair(64)[0]
+    h = head(64)
+    save_head(h, tmp_path / "h")
+    back = load_head(tmp_path / "h", target)
+    assert back.feature_layers == h.feature_layers
+    assert all(torch.equal(a, b) for a, b in zip(h.state_dict().values(), back.state_dict().values()))
+    with pytest.raises(ValueError, match="hidden_size"):
+        load_head(tmp_path / "h", pair(8)[1])
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_head(tmp_path, target)
+
+
+def test_bad_arguments_raise():
+    target = pair(64)[0]
+    with pytest.raises(ValueError, match="feature_layers"):
+        EagleHead(target.args, (3,))
+    with pytest.raises(ValueError, match="feature_layers"):
+        EagleHead(target.args, ())
+    with pytest.raises(TypeError, match="head"):
+        EagleDrafter(target, target)
+    with pytest.raises(TypeError, match="target"):
+        init_head("not a model")
