@@ -4,17 +4,19 @@
 
 # %% auto #0
 __all__ = ['INDEX_DTYPE', 'check_drafts', 'sampled_logits_indices', 'target_bonus_indices', 'SpecDecodeMetadata',
-           'draft_tokens_from_inputs', 'expand_batch_to_tokens', 'SamplingMetadata', 'rejection_sampler']
+           'draft_tokens_from_inputs', 'expand_batch_to_tokens', 'SamplingMetadata', 'rows_at_positions',
+           'rejection_sampler']
 
 # %% ../nbs/05_metadata.ipynb #fa9121c9
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import accumulate
 
 import torch
 
-from .sampling import (PLACEHOLDER_TOKEN_ID, check_prob_rows, cu_num_draft_tokens, draw_tokens, get_backend,
-                              rejection_sample, sampling_probs)
+from .sampling import (PLACEHOLDER_TOKEN_ID, ProcessorRows, check_prob_rows, cu_num_draft_tokens,
+                              draw_tokens, get_backend, position_counts, process_logits, rejection_sample,
+                              sampling_probs)
 
 # %% ../nbs/05_metadata.ipynb #656b4642
 INDEX_DTYPE = torch.int64  # the dtype of every index tensor SpecDecodeMetadata holds
@@ -167,11 +169,14 @@ class SamplingMetadata:
     top_k: torch.Tensor                            # [B] int64, 0 = off
     top_p: torch.Tensor                            # [B] float64, 1 = off
     generators: list                               # [B] torch.Generator of each request (requests may share one)
+    processors: ProcessorRows | None = None        # per request: history-dependent fields (Chapter 3); None = off
     is_greedy: torch.Tensor = field(init=False)    # [B] bool: temperature == 0
     all_greedy: bool = field(init=False)           # every request greedy: the sampler's early return
 
     def __post_init__(self) -> None:
         _check_settings(self.temperature, self.top_k, self.top_p, self.generators)
+        if self.processors is not None and not isinstance(self.processors, ProcessorRows):
+            raise TypeError(f"processors must be None or a ProcessorRows, got {type(self.processors).__name__}")
         self.temperature = self.temperature.to(torch.float64)
         self.top_k = self.top_k.to(torch.int64)
         self.top_p = self.top_p.to(torch.float64)
@@ -181,8 +186,8 @@ class SamplingMetadata:
 
     @classmethod
     def from_lists(cls, temperature: Sequence[float], top_k: Sequence[int], top_p: Sequence[float],
-                   generators: Sequence[torch.Generator | None],
-                   device: torch.device | str | None = None) -> "SamplingMetadata":
+                   generators: Sequence[torch.Generator | None], device: torch.device | str | None = None,
+                   processors: ProcessorRows | None = None) -> "SamplingMetadata":
         "Build from one Python value per request (e.g. each request's SamplingParams); the tensors go to `device`."
         for name, x, ints in (("temperature", temperature, False), ("top_k", top_k, True), ("top_p", top_p, False)):
             if not _numbers(x, ints):
@@ -191,7 +196,8 @@ class SamplingMetadata:
         gens = list(generators) if isinstance(generators, (list, tuple)) else generators
         return cls(temperature=torch.tensor(temperature, dtype=torch.float64, device=device),
                    top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
-                   top_p=torch.tensor(top_p, dtype=torch.float64, device=device), generators=gens)
+                   top_p=torch.tensor(top_p, dtype=torch.float64, device=device), generators=gens,
+                   processors=processors)
 
 # %% ../nbs/05_metadata.ipynb #1ddf187f
 def _check_sampler_inputs(metadata, logits, draft_probs, sampling) -> None:
@@ -219,11 +225,27 @@ def _check_sampler_inputs(metadata, logits, draft_probs, sampling) -> None:
     if draft_probs is not None and check_prob_rows(draft_probs, "draft_probs", N).shape[1] != V:
         raise ValueError(f"draft_probs must be [{N}, {V}] like the target rows, got {tuple(draft_probs.shape)}")
 
+def rows_at_positions(processors: ProcessorRows, metadata: SpecDecodeMetadata) -> ProcessorRows:
+    "Per-request processor inputs -> one per sampled row: the settings repeated, the history grown by earlier drafts."
+    n = torch.as_tensor(metadata.num_draft_tokens, dtype=INDEX_DTYPE)
+    owner = torch.repeat_interleave(torch.arange(len(n)), n + 1)
+    position = torch.arange(len(owner)) - torch.repeat_interleave(torch.cumsum(n + 1, 0) - (n + 1), n + 1)
+    rows = {f.name: getattr(processors, f.name) for f in fields(ProcessorRows)}
+    rows = {k: None if x is None else x[owner.to(x.device)] for k, x in rows.items()}
+    if processors.output_counts is not None:
+        rows["output_counts"] = position_counts(processors.output_counts, metadata.draft_token_ids, n)
+    if processors.num_generated is not None:
+        rows["num_generated"] = rows["num_generated"] + position.to(rows["num_generated"].device)
+    return ProcessorRows(**rows)
+
 def rejection_sampler(metadata: SpecDecodeMetadata, logits: torch.Tensor, draft_probs: torch.Tensor | None,
                       sampling: SamplingMetadata, backend: str = "torch") -> torch.Tensor:
     "One step's sampling: the target's [N + B, V] logits -> output_token_ids [B, max_spec_len + 1] (vLLM's forward)."
     ops = get_backend(backend)
     _check_sampler_inputs(metadata, logits, draft_probs, sampling)
+    rows = None if sampling.processors is None else rows_at_positions(sampling.processors, metadata)
+    if rows is not None:                           # every position with the history plain decoding had there
+        logits = process_logits(logits, rows)
     dev = logits.device
     target_rows = metadata.target_logits_indices.to(dev)
     bonus_rows = metadata.bonus_logits_indices.to(dev)
@@ -238,7 +260,8 @@ def rejection_sampler(metadata: SpecDecodeMetadata, logits: torch.Tensor, draft_
     temperature = expand_batch_to_tokens(sampling.temperature, cu, logits.shape[0])
     top_k = expand_batch_to_tokens(sampling.top_k, cu, logits.shape[0])
     top_p = expand_batch_to_tokens(sampling.top_p, cu, logits.shape[0])
-    probs = sampling_probs(logits, temperature, top_k, top_p)
+    min_p = 0.0 if rows is None or rows.min_p is None else rows.min_p
+    probs = sampling_probs(logits, temperature, top_k, top_p, min_p=min_p)
     bonus = draw_tokens(probs[bonus_rows], sampling.is_greedy, sampling.generators)   # before the coins
     return rejection_sample(draft_token_ids, metadata.num_draft_tokens, draft_probs, probs[target_rows], bonus,
                             is_greedy=sampling.is_greedy.to(dev), generators=sampling.generators, backend=backend)

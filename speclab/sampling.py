@@ -8,13 +8,16 @@ __all__ = ['PROB_TOL', 'PLACEHOLDER_TOKEN_ID', 'FIXED_POINT', 'cu_num_draft_toke
            'generate_residual_coins', 'random_sample', 'residual_rows', 'request_of_row', 'recovered_exponential',
            'fixed_point_widths', 'recovered_inverse_cdf', 'chain_sample', 'block_weights', 'block_sample',
            'mean_accepted', 'repeat_rows', 'get_backend', 'rejection_sample', 'apply_temperature', 'apply_top_k',
-           'top_p_mask_sort', 'top_p_mask_partial', 'sampling_probs', 'draw_tokens', 'fixed_point_pick',
+           'top_p_mask_sort', 'top_p_mask_partial', 'apply_min_p', 'sampling_probs', 'token_counts', 'position_counts',
+           'ProcessorRows', 'apply_penalties', 'apply_min_tokens', 'process_logits', 'draw_tokens', 'fixed_point_pick',
            'tree_children', 'tree_verify', 'tree_step']
 
 # %% ../nbs/03_sampling.ipynb #2171a951
 import importlib
+import itertools
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import ModuleType
 
 import numpy as np
@@ -422,20 +425,100 @@ def top_p_mask_partial(probs: Tensor, top_p: float | Tensor, k: int = 64) -> Ten
     return probs >= thresh[:, None]
 
 # %% ../nbs/03_sampling.ipynb #72d17a2e
+def apply_min_p(logits: Tensor, min_p: float | Tensor) -> Tensor:
+    "vLLM's min-p on temperature-scaled logits: drop tokens whose probability is below min_p times the row's largest."
+    m = torch.as_tensor(min_p, dtype=logits.dtype, device=logits.device).expand(logits.shape[0])
+    if not (m > 0).any():
+        return logits
+    probs = torch.softmax(logits, -1)
+    cut = m[:, None] * probs.amax(-1, keepdim=True)
+    return logits.masked_fill(probs < cut, -math.inf)
+
 def sampling_probs(logits: Tensor, temperature: float | Tensor = 1.0, top_k: int | Tensor = 0,
-                   top_p: float | Tensor = 1.0, top_p_method: str = "partial") -> Tensor:
-    "Logits [rows, V] -> probabilities under per-row temperature, top-k and top-p: one function for draft and target."
+                   top_p: float | Tensor = 1.0, top_p_method: str = "partial", min_p: float | Tensor = 0.0) -> Tensor:
+    "Logits [rows, V] -> probabilities under per-row temperature, min-p, top-k, top-p (vLLM's order), for p and q."
     if logits.dim() != 2 or not logits.is_floating_point():
         raise TypeError("logits must be a 2-D floating-point tensor [rows, V]")
     tp = torch.as_tensor(top_p, dtype=torch.float64)
     if ((tp <= 0) | (tp > 1)).any():
         raise ValueError("top_p must lie in (0, 1]")
-    probs = torch.softmax(apply_top_k(apply_temperature(logits.float(), temperature), top_k), -1)
+    mp = torch.as_tensor(min_p, dtype=torch.float64)
+    if ((mp < 0) | (mp > 1)).any():
+        raise ValueError("min_p must lie in [0, 1]")
+    scaled = apply_min_p(apply_temperature(logits.float(), temperature), mp)
+    probs = torch.softmax(apply_top_k(scaled, top_k), -1)
     if (tp < 1).any():
         top_p_mask = top_p_mask_partial if top_p_method == "partial" else top_p_mask_sort
         probs = probs * top_p_mask(probs, tp.to(probs.device))
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+# %% ../nbs/03_sampling.ipynb #c27a0002
+def token_counts(token_ids: Sequence[Sequence[int]], vocab_size: int,
+                 device: str | torch.device | None = None) -> Tensor:
+    "How often each token occurs in each list: [len(token_ids), vocab_size] int32, one scatter-add for the batch."
+    lens = torch.tensor([len(t) for t in token_ids], dtype=torch.int64)
+    flat = torch.tensor(list(itertools.chain.from_iterable(token_ids)), dtype=torch.int64)
+    rows = torch.repeat_interleave(torch.arange(len(token_ids)), lens)
+    counts = torch.zeros(len(token_ids), vocab_size, dtype=torch.int32)
+    counts.index_put_((rows, flat), torch.ones(len(flat), dtype=torch.int32), accumulate=True)
+    return counts.to(device)
+
+def position_counts(counts: Tensor, draft_token_ids: Tensor, num_draft_tokens: Sequence[int] | Tensor) -> Tensor:
+    "Counts at each sampled row (position i = 0..n_b of request b, request by request): counts[b] + d_1..d_i."
+    n = torch.as_tensor(num_draft_tokens, dtype=torch.int64).cpu()
+    dev = counts.device
+    owner = torch.repeat_interleave(torch.arange(len(n)), n + 1).to(dev)
+    first = (torch.cumsum(n + 1, 0) - (n + 1)).to(dev)
+    drafts = torch.zeros(len(owner), counts.shape[1], dtype=counts.dtype, device=dev)
+    target_rows = torch.arange(int(n.sum())) + torch.repeat_interleave(torch.arange(len(n)), n)
+    drafts[(target_rows + 1).to(dev), draft_token_ids.to(dev).long()] = 1   # d_i is history from row i + 1 on
+    running = drafts.cumsum(0, dtype=counts.dtype)
+    return counts[owner] + running - running[first][owner]     # the running sum restarts at each request
+
+# %% ../nbs/03_sampling.ipynb #c27a0004
+@dataclass
+class ProcessorRows:
+    "What the logits-processor stage reads, one entry per row (a request, or one position of it); None = off for all."
+    presence_penalty: Tensor | None = None     # [R] float, 0 = off
+    frequency_penalty: Tensor | None = None    # [R] float, 0 = off
+    repetition_penalty: Tensor | None = None   # [R] float, 1 = off
+    prompt_mask: Tensor | None = None          # [R, V] bool: tokens of the prompt (the repetition penalty's)
+    output_counts: Tensor | None = None        # [R, V] int: generated tokens in the row's history
+    logit_bias: Tensor | None = None           # [R, V] float, added to the logits
+    allowed_mask: Tensor | None = None         # [R, V] bool: the only tokens a row may emit (all True = off)
+    min_tokens: Tensor | None = None           # [R] int, 0 = off
+    num_generated: Tensor | None = None        # [R] int: generated tokens in the row's history
+    stop_mask: Tensor | None = None            # [R, V] bool: stop tokens, masked while num_generated < min_tokens
+    min_p: Tensor | None = None                # [R] float, 0 = off (applied after temperature, by sampling_probs)
+
+def apply_penalties(logits: Tensor, prompt_mask: Tensor, output_counts: Tensor, presence_penalty: Tensor,
+                    frequency_penalty: Tensor, repetition_penalty: Tensor) -> Tensor:
+    "vLLM's penalties: repetition over prompt and generated tokens, then frequency * count and presence (generated)."
+    dt = logits.dtype
+    seen = prompt_mask | (output_counts > 0)
+    rep = repetition_penalty.to(dt)[:, None]
+    logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    logits = logits - frequency_penalty.to(dt)[:, None] * output_counts.to(dt)
+    return logits - presence_penalty.to(dt)[:, None] * (output_counts > 0).to(dt)
+
+def apply_min_tokens(logits: Tensor, num_generated: Tensor, min_tokens: Tensor, stop_mask: Tensor) -> Tensor:
+    "Stop tokens at -inf in every row whose history holds fewer than min_tokens generated tokens."
+    active = (num_generated < min_tokens)[:, None]
+    return logits.masked_fill(active & stop_mask, -math.inf)
+
+def process_logits(logits: Tensor, rows: ProcessorRows) -> Tensor:
+    "The history-dependent stage in vLLM's order: allowed ids, min-tokens, logit bias, then the penalties."
+    if rows.allowed_mask is not None:
+        logits = logits.masked_fill(~rows.allowed_mask, -math.inf)
+    if rows.min_tokens is not None:
+        logits = apply_min_tokens(logits, rows.num_generated, rows.min_tokens, rows.stop_mask)
+    if rows.logit_bias is not None:
+        logits = logits + rows.logit_bias.to(logits.dtype)
+    if rows.output_counts is not None:
+        logits = apply_penalties(logits, rows.prompt_mask, rows.output_counts, rows.presence_penalty,
+                                 rows.frequency_penalty, rows.repetition_penalty)
+    return logits
 
 # %% ../nbs/03_sampling.ipynb #7c5481cb
 def draw_tokens(probs: Tensor, is_greedy: Sequence[bool] | Tensor,

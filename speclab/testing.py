@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .engine import SamplingParams, request_probs
+from .engine import SamplingParams, processor_rows, request_probs
 from .kv import FREED
 from .model import (KVCache, Llama, LlamaArgs, decoder_layer, forward, forward_paged, paged_batch,
                            paged_cache, rope_cos_sin)
@@ -78,7 +78,9 @@ def sequence_law(model: Llama, prompt: list[int], params: SamplingParams, n_toke
     V, law, seqs = model.args.vocab_size, torch.ones(1, dtype=torch.float64), [list(prompt)]
     for _ in range(n_tokens):
         logits = forward(model, torch.tensor(seqs), KVCache(model.args, len(seqs), len(seqs[0])))[:, -1]
-        probs = request_probs(logits, [params] * len(seqs)).double()
+        rows = processor_rows([params] * len(seqs), [list(prompt)] * len(seqs), [s[len(prompt):] for s in seqs],
+                              [frozenset(params.stop_token_ids)] * len(seqs), V)   # penalties etc.: each history
+        probs = request_probs(logits, [params] * len(seqs), rows).double()
         law = (law[:, None] * probs).reshape(-1)
         seqs = [s + [x] for s in seqs for x in range(V)]
     return law.numpy()

@@ -57,3 +57,32 @@ def test_neutral_values_and_user_are_accepted(client, reference):
                                     extra_body={"repetition_penalty": 1.0, "min_p": 0.0, "min_tokens": 0})
     want = reference.generate([PROMPT], SamplingParams(temperature=0, max_tokens=8))[0]
     assert got.choices[0].text == want.text
+
+
+HONOURED = [("presence", dict(presence_penalty=1.5), dict(presence_penalty=1.5)),
+            ("frequency", dict(frequency_penalty=2.0), dict(frequency_penalty=2.0)),
+            ("repetition", dict(extra_body={"repetition_penalty": 1.6}), dict(repetition_penalty=1.6)),
+            ("logit_bias", dict(logit_bias={"63": -100}), dict(logit_bias={63: -100})),
+            ("min_p", dict(temperature=0.9, seed=3, extra_body={"min_p": 0.2}),
+             dict(temperature=0.9, seed=3, min_p=0.2)),
+            ("min_tokens", dict(extra_body={"min_tokens": 3, "stop_token_ids": [199]}),
+             dict(min_tokens=3, stop_token_ids=(199,))),
+            ("mixed", dict(temperature=0.8, seed=5, presence_penalty=0.5, frequency_penalty=0.5,
+                           extra_body={"repetition_penalty": 1.2, "min_p": 0.05}),
+             dict(temperature=0.8, seed=5, presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.2,
+                  min_p=0.05))]
+
+
+@pytest.mark.parametrize("name,kwargs,params", HONOURED, ids=[h[0] for h in HONOURED])
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_honoured_fields_equal_the_engine(client, reference, name, kwargs, params, stream):
+    """Each honoured field, through the client, gives the engine's own completion (greedy, or seeded: the request's
+    own generators make it independent of the batch), streamed and not; and it does change the output."""
+    kwargs = {"temperature": 0, **kwargs}
+    got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, stream=stream, **kwargs)
+    text = "".join(c.choices[0].text for c in got) if stream else got.choices[0].text
+    sp = SamplingParams(**{"temperature": 0, **params, "max_tokens": 16})
+    want, plain = reference.generate([PROMPT, PROMPT], [sp, SamplingParams(temperature=sp.temperature, seed=sp.seed,
+                                                                           max_tokens=16)])
+    assert text == want.text
+    assert want.token_ids != plain.token_ids, f"{name} left the completion unchanged: the check would be vacuous"
