@@ -7,7 +7,7 @@ __all__ = ['ROOFLINE_ROWS', 'DTYPES', 'SHIPPED', 'FLAGS', 'DEMO_PROMPTS', 'DEMO_
            'one_line', 'user_input', 'check_device', 'cmd_proof', 'roofline_cell', 'cmd_roofline', 'cmd_train_toy',
            'cmd_train_eagle', 'resolve_checkpoint', 'sampling_params', 'load_decoder', 'cmd_generate',
            'available_cores', 'idle_cores', 'demo_threads', 'time_demo', 'training_minutes', 'cmd_demo', 'cmd_sweep',
-           'cmd_grade', 'cmd_serve', 'build_parser', 'check_args', 'main']
+           'cmd_grade', 'cmd_serve', 'read_prompts', 'cmd_audit', 'build_parser', 'check_args', 'main']
 
 # %% ../nbs/90_cli.ipynb #92d8e588
 import argparse
@@ -547,6 +547,51 @@ def _add_serve(sub):
     sv.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     sv.set_defaults(func=cmd_serve)
 
+# %% ../nbs/90_cli.ipynb #a0d17a02
+def read_prompts(path: str) -> list[str]:
+    "Prompts from a file: a JSON list of strings (.json), else one prompt per non-empty line."
+    text = Path(path).read_text(encoding="utf-8")
+    if path.endswith(".json"):
+        prompts = json.loads(text)
+        if not isinstance(prompts, list) or not all(isinstance(p, str) and p for p in prompts):
+            raise ValueError(f"--prompts {path}: expected a JSON list of non-empty strings")
+        return prompts
+    return [line for line in text.splitlines() if line.strip()]
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    "Audit a speculative server against a plain one (Chapter 13): 0 no evidence of a difference, 1 a check failed, 2."
+    from speclab.audit import DEFAULT_PROMPTS, format_plan, format_report, plan_audit, run_audit, write_report
+    with user_input("audit"):
+        for flag, url in (("--url", args.url), ("--reference-url", args.reference_url)):
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{flag} must be an http:// or https:// URL, got {url!r}")
+        prompts = DEFAULT_PROMPTS if args.prompts is None else read_prompts(args.prompts)
+        plan = plan_audit(prompts, budget=args.budget, level=args.level, concurrency=args.concurrency,
+                          seed=args.seed)
+    print(format_plan(plan), flush=True)
+    report = run_audit(args.url, args.reference_url, plan, model=args.model, progress=not args.quiet)
+    with user_input("audit"):
+        write_report(report, args.out, args.html)
+    print(format_report(report), flush=True)
+    return report["exit_code"]
+
+def _add_audit(sub):
+    au = sub.add_parser("audit", help="black-box exactness audit of a speculative server against a plain one "
+                        "(Chapter 13)")
+    au.add_argument("--url", required=True, help="the audited server (speculation on), e.g. http://localhost:8000")
+    au.add_argument("--reference-url", required=True, help="the same model with speculation off")
+    au.add_argument("--model", help="the model name both servers serve (default: the one each lists)")
+    au.add_argument("--prompts", help="a file of prompts, one per line (or a JSON list); default: 24 built-in ones")
+    au.add_argument("--budget", type=int, default=12_000, help="requests to send at most (default 12,000)")
+    au.add_argument("--level", type=float, default=0.01,
+                    help="probability that an exact pair fails the audit, all tests together (default 0.01)")
+    au.add_argument("--concurrency", type=int, default=16, help="requests in flight per server (default 16)")
+    au.add_argument("--seed", type=int, default=0, help="shuffles the order requests are sent in (default 0)")
+    au.add_argument("--out", help="write the JSON report here")
+    au.add_argument("--html", help="write a self-contained HTML report here")
+    au.add_argument("--quiet", action="store_true", help="no progress bar")
+    au.set_defaults(func=cmd_audit)
+
 # %% ../nbs/90_cli.ipynb #a29afba7
 def _sampling_flags(p, temperature, max_tokens):
     "The decoding flags `generate` and `demo` share."
@@ -643,6 +688,7 @@ def build_parser() -> Parser:
     _add_sweep(sub)
     _add_grade(sub)
     _add_serve(sub)
+    _add_audit(sub)
     toy = sub.add_parser("train-toy", add_help=False,
                          help="train the tiny target/draft pair (Chapter 7b); see `speclab train-toy --help`")
     toy.set_defaults(func=cmd_train_toy)
