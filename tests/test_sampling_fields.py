@@ -1,0 +1,303 @@
+"""Every history-dependent sampling field is exact under speculation (issue 27; Chapters 3, 5 and 8).
+
+Penalties (presence, frequency, repetition), logit_bias, min_p, min_tokens and allowed_token_ids are applied by one
+stage to every verify position with the history plain decoding would have had there: the committed tokens plus the
+drafts before that position. These tests check the engine's output law against `sequence_law` (plain decoding's
+exact law with the same fields), on `tiny_random_pair` (V = 8, float64) after PROMPT, with kappa = 3 and max_tokens
+4, so the first step verifies a full window of three drafts and the first three tokens come from positions 0, 1, 2
+of that window (and, after a rejection, of the next ones).
+
+* Each field alone and all of them mixed, in ONE batch per call (the eight settings interleaved, so a row read with a
+  neighbour's history or settings shows as a bias), with both drafters (draft model and n-gram). A setting with a stop
+  token (min_tokens) ends some requests early: both the law and the counts cut a sequence at its first stop token.
+* The same through prefix-cache hits and preemption (block_size 2, a small pool, long greedy fillers that grow and
+  preempt the newest requests; both events asserted to happen).
+* Greedy with every field equals plain greedy decoding token for token, against a reference written here one token at
+  a time with a per-token Python loop over the vocabulary (independent of the batched tensor code), in every batch.
+* Planted bugs, as test-local variants of `speclab.metadata.rows_at_positions` (what the sampler uses to give each
+  position its history), must be REJECTED by the same counts test: the penalty history computed once per step (every
+  position sees all of the step's drafts), the drafts' history missing at position i (every position sees only the
+  committed tokens), and min_tokens decided at the window's start (every position gets the window's last count).
+
+Power and cost. Pearson's chi-square at level LEVEL = 1e-3 over the first three tokens (512 outcomes, rare ones
+pooled). `detectable_tv(n, bins)` is the TV bias flagged with probability POWER = 0.999 at n draws. At N_LAW = 6,000
+draws per setting and drafter (one batch) it is 0.068 to 0.083 depending on the setting, asserted < 0.085; at
+N_PRE = 2,000 (the preempting pool: about 3,000 to 8,000 preemptions per run) 0.109 to 0.127, asserted < 0.13. Those
+are sized to the planted bugs, not to round numbers: measured at 4,000 draws with the model drafter, the bugs move
+the law by TV 0.13 to 0.61 (missing drafts on the repetition penalty is the smallest), and each must give p < LEVEL.
+(With the n-gram drafter a repetition-penalty history bug is invisible here: its drafts are prompt tokens, already
+penalised; so the bugs run with the model drafter.) The engine's law tests of record use 100,000 draws (TV 0.024);
+these run at what a CI budget allows: about 2.5 minutes of one CPU core for the whole file on a shared 2-core
+machine (each one-batch grid ~30 s, each preempting run ~25 s, the three bug runs ~15 s). SPECLAB_FIELDS_SAMPLES
+and SPECLAB_FIELDS_PREEMPT_SAMPLES change N_LAW and N_PRE (below the defaults the bounds are not asserted).
+"""
+import os
+import zlib
+from contextlib import contextmanager
+from functools import lru_cache
+
+import numpy as np
+import pytest
+import torch
+
+import speclab.metadata as metadata
+from speclab.engine import (ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder, processor_rows,
+                            request_probs)
+from speclab.proof import LEVEL, chi_square_gof, detectable_tv
+from speclab.testing import reference_logits, sequence_law, tiny_random_pair
+
+V, KAPPA, MAX_TOKENS = 8, 3, 4
+PROMPT = [1, 2, 3, 1, 2]                      # "1 2" recurs: the n-gram drafter proposes "3 1 2" at once
+STOP = 3                                      # the most likely token: min_tokens has mass to move
+FIELDS = {"presence": dict(presence_penalty=1.5),
+          "frequency": dict(frequency_penalty=1.0),
+          "repetition": dict(repetition_penalty=2.0),
+          "logit_bias": dict(logit_bias={4: 2.0, 0: -3.0}),
+          "min_p": dict(min_p=0.15),
+          "min_tokens": dict(min_tokens=2, stop_token_ids=(STOP,)),
+          "allowed": dict(allowed_token_ids=(0, 2, 3, 5, 7)),
+          "mixed": dict(temperature=0.8, top_k=6, presence_penalty=0.5, frequency_penalty=0.7, repetition_penalty=1.3,
+                        logit_bias={6: 1.0}, min_p=0.05, min_tokens=1, stop_token_ids=(STOP,))}
+NAMES = list(FIELDS)
+N_LAW = int(os.environ.get("SPECLAB_FIELDS_SAMPLES", 6_000))   # sampled requests per setting and drafter
+N_PRE = int(os.environ.get("SPECLAB_FIELDS_PREEMPT_SAMPLES", 2_000))   # per setting and drafter, small pool
+N_BUG = 4_000                                 # per broken setting, model drafter, for each planted bug
+STATED_TV = {"one-batch": 0.085, "preemption": 0.13}   # >= detectable_tv at N_LAW and N_PRE (see the docstring)
+GREEDY_MAX_TOKENS = 10
+BUGS = {"once_per_step": ("presence", "frequency", "repetition"),
+        "missing_drafts": ("presence", "frequency", "repetition"),
+        "min_tokens_at_window_start": ("min_tokens",)}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    "The tiny models gain nothing from a second torch thread; on a shared 2-core machine it only waits."
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@lru_cache(maxsize=None)
+def pair():
+    return tiny_random_pair(V)
+
+
+def sampled(name: str) -> SamplingParams:
+    return SamplingParams(**{"max_tokens": MAX_TOKENS, **FIELDS[name]})
+
+
+def greedy(name: str) -> SamplingParams:
+    "The setting's fields at temperature 0; 'filler': long greedy requests with penalties that never stop early."
+    if name == "filler":
+        return SamplingParams(temperature=0, max_tokens=16, presence_penalty=0.4, frequency_penalty=0.6,
+                              repetition_penalty=1.2, logit_bias={5: 0.5})
+    return SamplingParams(**{**FIELDS[name], "temperature": 0, "max_tokens": GREEDY_MAX_TOKENS})
+
+
+# --- the references -------------------------------------------------------------------------------------------------
+
+def canonical(tokens: np.ndarray, stop_ids: tuple) -> np.ndarray:
+    "Codes of 3-token sequences [n, 3] cut at their first stop token and padded with it (what the engine emits)."
+    tokens = np.array(tokens)
+    for s in stop_ids:
+        hit = np.cumsum(tokens == s, axis=1) > 0
+        after = np.concatenate([np.zeros((len(tokens), 1), bool), hit[:, :-1]], axis=1)
+        tokens = np.where(after, s, tokens)
+    return tokens @ np.array([V * V, V, 1])
+
+
+@lru_cache(maxsize=None)
+def law(name: str) -> np.ndarray:
+    "Plain decoding's exact law of the first three tokens under the setting, cut at stop tokens like the engine."
+    params = sampled(name)
+    full = sequence_law(pair()[0], PROMPT, params, 3)
+    seqs = np.stack(np.unravel_index(np.arange(V ** 3), (V, V, V)), axis=1)
+    return np.bincount(canonical(seqs, params.stop_token_ids), weights=full, minlength=V ** 3)
+
+
+def naive_logits(logits: torch.Tensor, params: SamplingParams, generated: list[int]) -> torch.Tensor:
+    "vLLM's processors for one position, one token at a time: the independent reference of the batched stage."
+    out = logits.clone()
+    for v in range(V):
+        if params.allowed_token_ids is not None and v not in params.allowed_token_ids:
+            out[v] = -float("inf")
+        if len(generated) < params.min_tokens and v in params.stop_token_ids:
+            out[v] = -float("inf")
+        out[v] += (params.logit_bias or {}).get(v, 0.0)
+        count = generated.count(v)
+        if v in PROMPT or count:
+            r = params.repetition_penalty
+            out[v] = out[v] / r if out[v] > 0 else out[v] * r
+        out[v] -= params.frequency_penalty * count + params.presence_penalty * (count > 0)
+    return out
+
+
+@lru_cache(maxsize=None)
+def plain_greedy(name: str) -> list[int]:
+    "Plain greedy decoding with the setting's fields, one token per forward, cut at a stop token."
+    params, generated = greedy(name), []
+    while len(generated) < params.max_tokens:
+        logits = reference_logits(pair()[0], PROMPT + generated)[-1].double()
+        generated.append(int(naive_logits(logits, params, generated).argmax()))
+        if generated[-1] in params.stop_token_ids:
+            break
+    return generated
+
+
+def test_sequence_law_uses_the_naive_processors():
+    "The law's one-position rows equal the per-token reference (so the law tests compare with the right law)."
+    target = pair()[0]
+    rng = np.random.default_rng(0)
+    for name in NAMES:
+        params = SamplingParams(**{**FIELDS[name], "temperature": 1.0, "top_k": 0})
+        for _ in range(5):
+            generated = rng.integers(0, V, rng.integers(0, 4)).tolist()
+            logits = reference_logits(target, PROMPT + generated)[-1].double()
+            rows = processor_rows([params], [PROMPT], [generated], [frozenset(params.stop_token_ids)], V)
+            want = torch.softmax(naive_logits(logits, params, generated), -1)
+            if params.min_p:
+                want = torch.where(want < params.min_p * want.max(), 0.0, want)
+                want = want / want.sum()
+            got = request_probs(logits[None], [params], rows)[0].double()
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
+# --- planted bugs: wrong histories per position ----------------------------------------------------------------------
+
+def planted_rows(bug: str):
+    "A variant of rows_at_positions that gives every position of a window one wrong history (see the docstring)."
+    correct = metadata.rows_at_positions
+
+    def rows(processors, md):
+        out = correct(processors, md)
+        n = torch.as_tensor(md.num_draft_tokens)
+        owner = torch.repeat_interleave(torch.arange(len(n)), n + 1)
+        last = torch.cumsum(n + 1, 0) - 1                    # each request's bonus row: all its drafts in history
+        first = last - n                                     # position 0: none of them
+        if bug == "once_per_step" and out.output_counts is not None:
+            out.output_counts = out.output_counts[last[owner]]
+        if bug == "missing_drafts" and out.output_counts is not None:
+            out.output_counts = out.output_counts[first[owner]]
+        if bug == "min_tokens_at_window_start" and out.num_generated is not None:
+            out.num_generated = out.num_generated[last[owner]]
+        return out
+    return rows
+
+
+@contextmanager
+def planted(bug: str | None):
+    "Run the engine with a planted bug in the sampler's per-position histories (None: the real code)."
+    correct = metadata.rows_at_positions
+    if bug is not None:
+        metadata.rows_at_positions = planted_rows(bug)
+    try:
+        yield
+    finally:
+        metadata.rows_at_positions = correct
+
+
+# --- the engine runs -------------------------------------------------------------------------------------------------
+
+def make_drafter(name: str):
+    return ModelDrafter(pair()[1]) if name == "model" else NgramDrafter(n=2)
+
+
+CONFIGS = {"one-batch": dict(block_size=16),
+           "preemption": dict(block_size=2, num_blocks=900, max_num_seqs=512)}   # picked by trying: ~500 preemptions
+
+
+@lru_cache(maxsize=None)
+def law_counts(drafter: str, n: int, config: str = "one-batch", bug: str | None = None,
+               names: tuple = tuple(NAMES)) -> tuple[np.ndarray, object]:
+    """Counts [setting, outcome] of the canonical first three tokens of n sampled requests per setting (settings
+    interleaved in one generate call; greedy requests of every setting among them, checked against plain greedy), and
+    the engine. The preemption config adds long greedy fillers that grow past their reservations."""
+    items, setting = [], []
+    for i in range(n * len(names)):
+        if i % 97 == 0:                                       # greedy, every setting in turn
+            items.append(greedy(names[(i // 97) % len(names)]))
+            setting.append(-1 - NAMES.index(names[(i // 97) % len(names)]))
+        if config == "preemption" and i % 2 == 0:
+            items.append(greedy("filler"))
+            setting.append(-1 - len(NAMES))
+        items.append(sampled(names[i % len(names)]))
+        setting.append(NAMES.index(names[i % len(names)]))
+    sizes = CONFIGS[config]
+    kw = dict(max_num_seqs=len(items), max_num_batched_tokens=2 ** 20) if config == "one-batch" else {}
+    eng = SpecDecoder(pair()[0], make_drafter(drafter), kappa=KAPPA, seed=zlib.crc32(repr((drafter, n, config, bug)).encode()),
+                      **sizes, **kw)
+    with planted(bug):
+        outs = eng.generate([PROMPT] * len(items), items)
+    setting = np.array(setting)
+    for o, p, s in zip(outs, items, setting):
+        assert o.error is None, o.error
+        name = (NAMES + ["filler"])[-1 - s] if s < 0 else None
+        if s < 0 and bug is None:
+            assert o.token_ids == plain_greedy(name), (name, o.token_ids, plain_greedy(name))
+    counts = np.zeros((len(NAMES), V ** 3), np.int64)
+    for k, name in enumerate(NAMES):
+        rows = [o.token_ids[:3] + [STOP] * (3 - len(o.token_ids[:3])) for o, s in zip(outs, setting) if s == k]
+        if rows:
+            np.add.at(counts[k], canonical(np.array(rows), sampled(name).stop_token_ids), 1)
+    return counts, eng
+
+
+def check(counts: np.ndarray, name: str) -> tuple[float, float]:
+    "(p-value, detectable TV) of one setting's counts against plain decoding's law."
+    _, pval, df = chi_square_gof(counts, law(name))
+    return pval, detectable_tv(int(counts.sum()), df + 1)
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_each_field_and_mixed_in_one_batch(drafter):
+    "The law of every setting, all eight interleaved in one batch, equals plain decoding's with the same fields."
+    counts, eng = law_counts(drafter, N_LAW)
+    assert eng.metrics.num_draft_tokens > 0
+    for k, name in enumerate(NAMES):
+        pval, flags = check(counts[k], name)
+        assert flags < STATED_TV["one-batch"] or N_LAW < 6_000, f"{name}: detectable TV {flags:.3f} above the stated"
+        assert pval > LEVEL, f"{drafter} {name}: p = {pval:.2e}"
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_fields_through_prefix_hits_and_preemption(drafter):
+    "The same law while requests hit the prefix cache and are preempted and recomputed (both must happen)."
+    counts, eng = law_counts(drafter, N_PRE, "preemption")
+    assert eng.scheduler.num_preemptions > 0
+    assert eng.scheduler.num_cached_tokens > 0
+    for k, name in enumerate(NAMES):
+        pval, flags = check(counts[k], name)
+        assert flags < STATED_TV["preemption"] or N_PRE < 2_000, f"{name}: detectable TV {flags:.3f} above the stated"
+        assert pval > LEVEL, f"{drafter} {name}: p = {pval:.2e}"
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_planted_bugs_are_rejected(bug):
+    "Each wrong per-position history is rejected by the same counts test on the settings it breaks."
+    names = BUGS[bug]
+    counts, _ = law_counts("model", N_BUG, bug=bug, names=names)
+    for name in names:
+        pval, _ = check(counts[NAMES.index(name)], name)
+        assert pval < LEVEL, f"planted {bug} passed on {name}: p = {pval:.3g}"
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_greedy_with_fields_is_plain_greedy(drafter):
+    "Greedy with each field (and long penalised fillers) equals plain greedy token for token, alone in the engine."
+    for name in NAMES + ["filler"]:
+        eng = SpecDecoder(pair()[0], make_drafter(drafter), kappa=KAPPA)
+        assert eng.generate([PROMPT], greedy(name))[0].token_ids == plain_greedy(name), name
+
+
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_planted_bugs_break_greedy(bug):
+    "The greedy comparison catches each planted bug too, on the settings it breaks (deterministic, no draws)."
+    broken = set()
+    for drafter in ("model", "ngram"):
+        for name in NAMES + ["filler"]:
+            eng = SpecDecoder(pair()[0], make_drafter(drafter), kappa=KAPPA)
+            with planted(bug):
+                if eng.generate([PROMPT], greedy(name))[0].token_ids != plain_greedy(name):
+                    broken.add(name)
+    assert set(BUGS[bug]) <= broken, f"planted {bug}: greedy unchanged on {set(BUGS[bug]) - broken}"
