@@ -8,7 +8,8 @@ __all__ = ['WAITING', 'RUNNING', 'FINISHED', 'DRAFT_SALT', 'DEFAULT_KV_BYTES', '
            'grow_history', 'batch_processors', 'request_probs', 'ModelDrafter', 'SpecMetrics', 'kappa_for_batch',
            'check_schedule', 'stop_cut', 'final_text', 'Scheduler', 'check_engine_args', 'check_pair', 'check_batch',
            'SpecDecoder', 'prompt_ids', 'new_request', 'request_blocks', 'block_bytes', 'pool_blocks', 'make_pool',
-           'size_pool', 'check_fits', 'lookahead', 'step_kappas', 'propose', 'verify', 'commit', 'emit']
+           'size_pool', 'check_fits', 'lookahead', 'step_kappas', 'propose', 'verify', 'prompt_logprobs',
+           'emitted_logprobs', 'commit', 'emit']
 
 # %% ../nbs/08_engine.ipynb #fba7d837
 import math
@@ -22,7 +23,7 @@ import torch
 
 from .kv import BlockManager, Request
 from .metadata import SamplingMetadata, SpecDecodeMetadata, rejection_sampler
-from .model import Llama, forward_paged, paged_batch, paged_cache
+from .model import KVCache, Llama, forward, forward_paged, paged_batch, paged_cache
 from .sampling import (PLACEHOLDER_TOKEN_ID, ProcessorRows, draw_tokens, process_logits, sampling_probs,
                               token_counts)
 
@@ -46,6 +47,7 @@ class SamplingParams:
     min_tokens: int = 0               # no stop token (nor EOS) before this many tokens, <= max_tokens
     logit_bias: dict | None = None    # {token id: bias in [-100, 100]} added to the logits
     allowed_token_ids: tuple | None = None   # the only tokens the request may emit
+    logprobs: int | None = None       # report the target's raw log-prob of each emitted token and its top-k (0..20)
 
     def __post_init__(self) -> None:
         check_processor_fields(self)
@@ -109,6 +111,9 @@ def check_processor_fields(sp: SamplingParams) -> None:
                 raise ValueError(f"logit_bias must map token ids >= 0 to numbers in [-100, 100], got {k!r}: {v!r}")
             bias[t] = float(v)
         sp.logit_bias = bias or None
+    if sp.logprobs is not None and (isinstance(sp.logprobs, bool) or not isinstance(sp.logprobs, int)
+                                    or not 0 <= sp.logprobs <= 20):
+        raise ValueError(f"logprobs must be None or an int in [0, 20], got {sp.logprobs!r}")
     if sp.allowed_token_ids is not None:
         ids = sp.allowed_token_ids
         if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)) or not ids or not all(
@@ -125,6 +130,15 @@ class Output:
     finish_reason: str
     error: str | None = None
     num_steps: int = 0                 # speculative steps that emitted tokens for this request
+    logprobs: list | None = None       # per token (its log-prob, [(token, log-prob)] top-k) when params.logprobs is set
+    num_drafts: int = 0                # this request's own speculation figures: steps that drafted,
+    num_draft_tokens: int = 0          # tokens drafted,
+    num_accepted_tokens: int = 0       # and drafts accepted
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        "Tokens per drafting step for this request (SGLang's spec_accept_length): 1 + accepted / drafts."
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
 
 # %% ../nbs/08_engine.ipynb #a1b2c3d2
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"  # a request's status
@@ -143,6 +157,11 @@ class RequestState:
     kv: Request | None = None        # Chapter 6's record while admitted: tokens, block table, num_computed_tokens
     num_draft_computed: int = 0        # positions whose draft K/V are in the cache (the draft lags the target)
     num_steps: int = 0                 # speculative steps that emitted tokens for this request
+    num_drafts: int = 0                # steps that drafted for it, drafted tokens, accepted drafts
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    logprobs: list = field(default_factory=list)           # per emitted token, when params.logprobs is set
+    step_logprobs: list = field(default_factory=list)      # this step's, before the stop cut
     on_tokens: Callable[[list[int]], None] | None = None
 
     @property
@@ -809,7 +828,40 @@ def verify(engine: SpecDecoder, batch: list[RequestState], drafts: list[list[int
     sampling = SamplingMetadata.from_lists([r.params.temperature for r in batch], [r.params.top_k for r in batch],
                                            [r.params.top_p for r in batch], [r.target_gen for r in batch],
                                            engine.device, batch_processors(batch, logits.shape[1], engine.device))
-    return engine.sampler(md, logits, draft_probs, sampling, engine.backend)
+    out = engine.sampler(md, logits, draft_probs, sampling, engine.backend)
+    if any(r.params.logprobs is not None for r in batch):
+        for r, lps in zip(batch, emitted_logprobs(logits, md, out, max(r.params.logprobs or 0 for r in batch))):
+            r.step_logprobs = [(lp, top[:r.params.logprobs or 0]) for lp, top in lps]
+    return out
+
+@torch.no_grad()
+def prompt_logprobs(model: Llama, ids: list[int], num_top: int) -> list:
+    "The prompt scored by the target (echo with logprobs): None for its first token, then (log-prob, top-k) each."
+    dev = model.head_weight.device
+    logits = forward(model, torch.tensor([ids], device=dev), KVCache(model.args, 1, len(ids), model.head_weight.dtype,
+                                                                    dev))[0, :-1]
+    logp = torch.log_softmax(logits.double(), -1)
+    chosen = logp.gather(1, torch.tensor(ids[1:], device=dev)[:, None])[:, 0].tolist()
+    top = logp.topk(min(num_top, logp.shape[1]), -1) if num_top else None
+    alts = [[] if top is None else list(zip(top.indices[i].tolist(), top.values[i].tolist()))
+            for i in range(len(chosen))]
+    return [None] + list(zip(chosen, alts))
+
+def emitted_logprobs(logits: torch.Tensor, metadata: SpecDecodeMetadata, output_token_ids: torch.Tensor,
+                     num_top: int) -> list[list[tuple[float, list[tuple[int, float]]]]]:
+    "Per request, per emitted token: the target's raw log-prob of it at its position, and the top num_top (vLLM's)."
+    n = torch.as_tensor(metadata.num_draft_tokens)
+    first = (torch.cumsum(n + 1, 0) - (n + 1)).to(output_token_ids.device)
+    b, j = (output_token_ids != PLACEHOLDER_TOKEN_ID).nonzero(as_tuple=True)
+    rows = first[b] + j                            # position j of request b: the row that sampled its j-th token
+    logp = torch.log_softmax(logits[rows.to(logits.device)].double(), -1)
+    chosen = logp.gather(1, output_token_ids[b, j].to(logp.device)[:, None])[:, 0].tolist()
+    top = logp.topk(min(num_top, logp.shape[1]), -1) if num_top else None
+    out = [[] for _ in range(len(n))]
+    for k, req in enumerate(b.tolist()):
+        alts = [] if top is None else list(zip(top.indices[k].tolist(), top.values[k].tolist()))
+        out[req].append((chosen[k], alts))
+    return out
 
 def _unpad(out):
     "Rows of the sampler's output without their placeholder slots: the tokens each request emitted."
@@ -825,6 +877,9 @@ def commit(engine: SpecDecoder, batch: list[RequestState], drafts: list[list[int
         engine.block_manager.commit(r.req_id, num_accepted, new)     # the target keeps context + accepted drafts
         r.num_draft_computed = min(r.num_draft_computed, len(r.tokens) - 1)   # so does the draft
         engine.metrics.update(len(d), num_accepted)
+        r.num_drafts += int(len(d) > 0)
+        r.num_draft_tokens += len(d)
+        r.num_accepted_tokens += num_accepted
         results.append(emit(engine, r, new))
     return results
 
@@ -832,6 +887,8 @@ def emit(engine: SpecDecoder, r: RequestState, new: list[int]) -> StepOutput:
     "Append a step's tokens to r's output, cut at a stop, stream them; finish r when it is done."
     keep, reason = stop_cut(new, r.output_ids, r.params, r.stop_ids, engine.tokenizer)
     r.output_ids += new[:keep]
+    r.logprobs += r.step_logprobs[:keep]
+    r.step_logprobs = []
     r.num_steps += 1
     if r.on_tokens is not None and keep:
         r.on_tokens(new[:keep])
@@ -839,4 +896,6 @@ def emit(engine: SpecDecoder, r: RequestState, new: list[int]) -> StepOutput:
         return StepOutput(r.req_id, new[:keep])
     engine.scheduler.finish(engine.requests.pop(r.req_id))
     text = final_text(r.output_ids, r.params, r.stop_ids, engine.tokenizer)
-    return StepOutput(r.req_id, new[:keep], Output(r.output_ids, text, reason, None, r.num_steps))
+    logprobs = r.logprobs if r.params.logprobs is not None else None
+    return StepOutput(r.req_id, new[:keep], Output(r.output_ids, text, reason, None, r.num_steps, logprobs,
+                                                   r.num_drafts, r.num_draft_tokens, r.num_accepted_tokens))

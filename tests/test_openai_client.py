@@ -32,8 +32,8 @@ def reference():
     return load_engine(tiny_pair_path("target"), tiny_pair_path("draft"), kappa=3, max_num_seqs=4)
 
 
-REFUSED = [("best_of", dict(best_of=2)), ("suffix", dict(suffix=" end")),
-           ("echo", dict(echo=True)), ("logprobs", dict(logprobs=2)), ("n", dict(n=2)),
+REFUSED = [("best_of", dict(n=2, best_of=3)), ("suffix", dict(suffix=" end")),
+           ("logprobs", dict(logprobs=21)), ("n", dict(n=0)),
            ("bad_words", dict(extra_body={"bad_words": ["x"]})),
            ("guided_regex", dict(extra_body={"guided_regex": "a+"})),
            ("no_such_field", dict(extra_body={"no_such_field": 3}))]
@@ -86,3 +86,68 @@ def test_honoured_fields_equal_the_engine(client, reference, name, kwargs, param
                                                                            max_tokens=16)])
     assert text == want.text
     assert want.token_ids != plain.token_ids, f"{name} left the completion unchanged: the check would be vacuous"
+
+
+def texts_of(got, stream: bool) -> dict:
+    "{choice index: text} of a completion, streamed (chunks joined per index) or not."
+    if not stream:
+        return {c.index: c.text for c in got.choices}
+    out = {}
+    for chunk in got:
+        for c in chunk.choices:
+            out[c.index] = out.get(c.index, "") + c.text
+    return out
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_n_and_a_list_of_prompts(client, reference, stream):
+    """Two prompts x n = 2 seeded samples: four choices, index = prompt * n + sample, sample s seeded seed + s (vLLM's
+    rule for siblings), each equal to the engine's own request with that seed."""
+    prompts = [PROMPT, "class Stack:\n"]
+    got = client.completions.create(model=MODEL, prompt=prompts, n=2, max_tokens=10, temperature=0.9, seed=11,
+                                    stream=stream)
+    want = reference.generate([p for p in prompts for _ in range(2)],
+                              [SamplingParams(temperature=0.9, seed=11 + s, max_tokens=10) for _ in prompts
+                               for s in range(2)])
+    assert texts_of(got, stream) == {i: w.text for i, w in enumerate(want)}
+    assert want[0].text != want[1].text                  # the siblings differ: the seeds did their job
+
+
+def test_logprobs_equal_plain_decoding(client):
+    """logprobs: the target's raw log-prob of each emitted token and its top-k, as plain decoding (kappa 0) reports
+    them, to float tolerance; with echo the prompt is scored too (its first token has none)."""
+    plain = load_engine(tiny_pair_path("target"), None, kappa=0)
+    sp = SamplingParams(temperature=0, max_tokens=8, logprobs=3, frequency_penalty=0.5)
+    want = plain.generate([PROMPT], sp)[0]
+    got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=3,
+                                    frequency_penalty=0.5)
+    lp = got.choices[0].logprobs
+    assert len(lp.token_logprobs) == len(want.token_ids)
+    assert lp.token_logprobs == pytest.approx([x[0] for x in want.logprobs], abs=1e-4)
+    tok = plain.tokenizer
+    for top, (_, alts) in zip(lp.top_logprobs, want.logprobs):
+        assert top == pytest.approx({tok.decode([t]): v for t, v in alts}, abs=1e-4)
+    echoed = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=3,
+                                       frequency_penalty=0.5, echo=True)
+    c = echoed.choices[0]
+    n_prompt = len(tok(PROMPT)["input_ids"])
+    assert c.text == PROMPT + got.choices[0].text
+    assert c.logprobs.token_logprobs[0] is None and len(c.logprobs.token_logprobs) == n_prompt + len(want.token_ids)
+    assert c.logprobs.token_logprobs[n_prompt:] == pytest.approx(lp.token_logprobs, abs=1e-6)
+    assert all(x < 0 for x in c.logprobs.token_logprobs[1:n_prompt])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_echo_and_spec_stats(client, reference, stream):
+    "echo puts the prompt before the completion; spec_decode_stats gives the request's own drafted/accepted counts."
+    got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, echo=True,
+                                    stream=stream, extra_body={"spec_decode_stats": True})
+    want = reference.generate([PROMPT], SamplingParams(temperature=0, max_tokens=12))[0]
+    assert texts_of(got, stream) == {0: PROMPT + want.text}
+    if stream:
+        got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0,
+                                        extra_body={"spec_decode_stats": True})
+    stats = got.choices[0].model_extra["spec_decode"]
+    assert stats["num_draft_tokens"] == want.num_draft_tokens > 0
+    assert stats["num_accepted_tokens"] == want.num_accepted_tokens
+    assert stats["mean_acceptance_length"] == pytest.approx(want.mean_acceptance_length)

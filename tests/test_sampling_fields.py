@@ -225,8 +225,8 @@ def law_counts(drafter: str, n: int, config: str = "one-batch", bug: str | None 
         setting.append(NAMES.index(names[i % len(names)]))
     sizes = CONFIGS[config]
     kw = dict(max_num_seqs=len(items), max_num_batched_tokens=2 ** 20) if config == "one-batch" else {}
-    eng = SpecDecoder(pair()[0], make_drafter(drafter), kappa=KAPPA, seed=zlib.crc32(repr((drafter, n, config, bug)).encode()),
-                      **sizes, **kw)
+    seed = zlib.crc32(repr((drafter, n, config, bug)).encode())
+    eng = SpecDecoder(pair()[0], make_drafter(drafter), kappa=KAPPA, seed=seed, **sizes, **kw)
     with planted(bug):
         outs = eng.generate([PROMPT] * len(items), items)
     setting = np.array(setting)

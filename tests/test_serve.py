@@ -169,10 +169,11 @@ def test_metrics_equal_the_engine(client, reference):
 @pytest.mark.parametrize("body, status, param, kind", [
     ({"prompt": "x", "temperature": -1}, 400, "temperature", "invalid_request_error"),
     ({"prompt": "x", "temperature": "hot"}, 400, "temperature", "invalid_request_error"),
-    ({"prompt": "x", "n": 2}, 400, "n", "invalid_request_error"),
+    ({"prompt": "x", "n": 0}, 400, "n", "invalid_request_error"),
+    ({"prompt": "x", "n": 2, "best_of": 4}, 400, "best_of", "invalid_request_error"),
     ({"prompt": "x", "model": "gpt-4"}, 404, "model", "NotFoundError"),
     ({"max_tokens": 4}, 400, "prompt", "invalid_request_error"),
-    ({"prompt": ["a", "b"]}, 400, "prompt", "invalid_request_error"),
+    ({"prompt": ["a", 3]}, 400, "prompt", "invalid_request_error"),
     ({"prompt": "x " * 600}, 400, "prompt", "invalid_request_error"),
     ({"prompt": [10 ** 9]}, 400, "prompt", "invalid_request_error"),
     ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "invalid_request_error"),
