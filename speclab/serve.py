@@ -10,9 +10,9 @@ __all__ = ['TTFT_BUCKETS', 'E2E_BUCKETS', 'FINISHED_REASONS', 'STOP', 'MAX_N', '
            'on_validation_error', 'on_http_error', 'StreamOptions', 'CompletionRequest', 'check_prompt',
            'check_prompts', 'check_stop', 'check_fields', 'request_params', 'error_param', 'sse', 'usage', 'choice',
            'logprobs_json', 'spec_json', 'submit', 'Choices', 'submit_all', 'echo_prompt', 'final_choice', 'sse_events',
-           'watch_disconnect', 'completion_json', 'create_completion', 'health', 'list_models', 'metrics',
-           'StatsCollector', 'lifespan', 'build_app', 'bind_socket', 'server_url', 'uvicorn_server', 'ServerThread',
-           'run_server']
+           'watch_disconnect', 'completion_json', 'create_completion', 'ChatRequest', 'chat_prompt', 'chat_choice',
+           'chat_events', 'create_chat_completion', 'health', 'list_models', 'metrics', 'StatsCollector', 'lifespan',
+           'build_app', 'bind_socket', 'server_url', 'uvicorn_server', 'ServerThread', 'run_server']
 
 # %% ../nbs/11_serve.ipynb #e9d32fbd
 import asyncio
@@ -679,6 +679,74 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         return StreamingResponse(events, media_type="text/event-stream")
     return await completion_json(state.engine_loop, ch, meta, body, request)
 
+# %% ../nbs/11_serve.ipynb #c27c0002
+class ChatRequest(CompletionRequest):
+    "OpenAI's /v1/chat/completions body: `messages` for the prompt; the sampling fields of CompletionRequest."
+    prompt: Any = None                            # not a chat field: refused when sent
+    messages: list[dict]
+    max_tokens: int | None = None                 # chat's default: the rest of the context
+    max_completion_tokens: int | None = None      # OpenAI's newer name for max_tokens
+    logprobs: Any = None                          # chat's is a bool (with top_logprobs): refused, see above
+    top_logprobs: int | None = None
+
+def chat_prompt(body: ChatRequest, tokenizer: Any) -> CompletionRequest:
+    "The completion a chat request is: its messages through the chat template, its fields as they are; or a 400."
+    for name, bad in [("prompt", body.prompt is not None), ("echo", body.echo),
+                      ("logprobs", body.logprobs not in (None, False)),
+                      ("top_logprobs", body.top_logprobs is not None)]:
+        if bad:
+            raise APIError(f"{name} is not supported on /v1/chat/completions (use /v1/completions)", name)
+    if not getattr(tokenizer, "chat_template", None):
+        raise APIError("this model's tokenizer has no chat template: /v1/chat/completions cannot format messages; "
+                       "use /v1/completions with a prompt", "messages")
+    if not body.messages or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and
+                                    isinstance(m.get("content"), str) for m in body.messages):
+        raise APIError("messages must be a non-empty list of {role, content} objects with string content", "messages")
+    try:
+        text = tokenizer.apply_chat_template(body.messages, tokenize=False, add_generation_prompt=True)
+    except Exception as e:                        # a template that fails on these messages (roles it rejects, ...)
+        raise APIError(f"messages: the chat template failed: {e}", "messages") from None
+    fields = body.model_dump(exclude={"messages", "max_completion_tokens", "logprobs", "top_logprobs", "prompt"})
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    return CompletionRequest(**{**fields, **(body.model_extra or {}), "prompt": text, "max_tokens": max_tokens})
+
+def chat_choice(c: dict, first: bool, stream: bool) -> dict:
+    "A completion choice in chat's shape: the whole message, or a streamed delta (the role with the first)."
+    out = {"index": c["index"], "logprobs": None, "finish_reason": c["finish_reason"]}
+    if "spec_decode" in c:
+        out["spec_decode"] = c["spec_decode"]
+    if not stream:
+        return {**out, "message": {"role": "assistant", "content": c["text"]}}
+    return {**out, "delta": {**({"role": "assistant"} if first else {}), **({"content": c["text"]} if c["text"]
+                                                                           or first else {})}}
+
+async def chat_events(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    "A completion's Server-Sent Events as chat.completion.chunk events."
+    started = set()
+    async for event in events:
+        if not event.startswith("data: {"):
+            yield event
+            continue
+        obj = json.loads(event[len("data: "):])
+        if "choices" in obj:
+            obj["choices"] = [chat_choice(c, c["index"] not in started, True) for c in obj["choices"]]
+            started |= {c["index"] for c in obj["choices"]}
+            obj["id"], obj["object"] = obj["id"].replace("cmpl-", "chatcmpl-", 1), "chat.completion.chunk"
+        yield sse(obj)
+
+async def create_chat_completion(body: ChatRequest, request: Request) -> Response:
+    "POST /v1/chat/completions: the messages through the chat template, served as a completion, answered as chat."
+    lp = request.app.state.engine_loop
+    response = await create_completion(chat_prompt(body, lp.engine.tokenizer), request)
+    if body.stream:
+        return StreamingResponse(chat_events(response.body_iterator), media_type="text/event-stream")
+    if response.status_code != 200:
+        return response
+    obj = json.loads(response.body)
+    obj["choices"] = [chat_choice(c, True, False) for c in obj["choices"]]
+    obj["id"], obj["object"] = obj["id"].replace("cmpl-", "chatcmpl-", 1), "chat.completion"
+    return JSONResponse(obj)
+
 # %% ../nbs/11_serve.ipynb #04cf080e
 async def health(request: Request) -> Response:
     "GET /health: 200 while the engine serves; 500 with the reason once it cannot."
@@ -785,6 +853,7 @@ def build_app(lp: EngineLoop, model_name: str = "speclab") -> FastAPI:
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/v1/models", list_models, methods=["GET"])
     app.add_api_route("/v1/completions", create_completion, methods=["POST"])
+    app.add_api_route("/v1/chat/completions", create_chat_completion, methods=["POST"])
     app.add_api_route("/metrics", metrics, methods=["GET"])
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)

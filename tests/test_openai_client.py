@@ -151,3 +151,61 @@ def test_echo_and_spec_stats(client, reference, stream):
     assert stats["num_draft_tokens"] == want.num_draft_tokens > 0
     assert stats["num_accepted_tokens"] == want.num_accepted_tokens
     assert stats["mean_acceptance_length"] == pytest.approx(want.mean_acceptance_length)
+
+
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+MESSAGES = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def add(a, b):"}]
+
+
+@pytest.fixture(scope="module")
+def templated(tmp_path_factory):
+    "The shipped target with a chat template in its tokenizer (weights linked, not copied): its folder."
+    import json
+    import os
+    src, folder = tiny_pair_path("target"), tmp_path_factory.mktemp("templated")
+    for name in os.listdir(src):
+        if name != "tokenizer_config.json":
+            os.symlink(src / name, folder / name)
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    return folder
+
+
+def test_chat_without_a_template_is_refused(client):
+    "The shipped pair's tokenizer has no chat template: a 400 that says so, naming `messages`."
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
+    assert e.value.body["param"] == "messages" and "chat template" in e.value.body["message"]
+
+
+@pytest.fixture(scope="module")
+def chat_server(templated):
+    "(url, in-process engine) of `speclab serve` on the templated target and the shipped draft."
+    engine = load_engine(templated, tiny_pair_path("draft"), kappa=3)
+    with serve_process("--target", str(templated), "--draft", "tiny", "--served-model-name", "chat", "--threads",
+                       "1") as url:
+        yield url, engine
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_chat_with_a_template(chat_server, stream):
+    "With a template the messages are rendered by it and served as that completion; chat's shape, streamed or not."
+    url, engine = chat_server
+    text = engine.tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert text.endswith("<|assistant|>\n")
+    want = engine.generate([text], SamplingParams(temperature=0, max_tokens=12, presence_penalty=0.5))[0]
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120) as c:
+        got = c.chat.completions.create(model="chat", messages=MESSAGES, max_tokens=12, temperature=0,
+                                        presence_penalty=0.5, stream=stream)
+        if stream:
+            chunks = list(got)
+            assert chunks[0].choices[0].delta.role == "assistant"
+            assert chunks[0].object == "chat.completion.chunk"
+            content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+            assert chunks[-1].choices[0].finish_reason == want.finish_reason
+        else:
+            assert got.object == "chat.completion" and got.choices[0].message.role == "assistant"
+            content = got.choices[0].message.content
+            assert got.choices[0].finish_reason == want.finish_reason
+    assert content == want.text
