@@ -9,10 +9,10 @@ __all__ = ['SUM_TOL', 'NextTokenFn', 'StepFn', 'Sampler', 'UINT32_TO_UNIT', 'LEV
            'edge_case_pairs', 'step_law', 'chain_law', 'target_law', 'argmax_token', 'greedy_step', 'greedy_fn',
            'expected_tokens', 'simulate_num_accepted', 'mean_acceptance_length', 'accept_ge', 'accept_lt',
            'count_exact_zeros', 'count_hashes_rounding_to_one', 'inverse_cdf_walk', 'thresholded_distribution',
-           'detectable_tv', 'chi_square_gof', 'least_favourable_shift', 'draws_for_tv', 'ExactnessReport',
-           'check_exactness', 'check_chain_exactness', 'threshold_on_p_sampler', 'topk_membership_sampler',
-           'resample_from_p_sampler', 'keep_tail_step', 'bonus_after_reject_step', 'exactness_verdict', 'proof_checks',
-           'format_proof_report']
+           'detectable_tv', 'chi_square_gof', 'least_favourable_shift', 'draws_for_tv', 'pooled_bins',
+           'law_detectable_tv', 'draws_for_law', 'ExactnessReport', 'check_exactness', 'check_chain_exactness',
+           'threshold_on_p_sampler', 'topk_membership_sampler', 'resample_from_p_sampler', 'keep_tail_step',
+           'bonus_after_reject_step', 'exactness_verdict', 'proof_checks', 'format_proof_report']
 
 # %% ../nbs/01_proof.ipynb #f2828c98
 from collections import defaultdict
@@ -374,6 +374,37 @@ def draws_for_tv(tv: float, num_bins: int, level: float = LEVEL, power: float = 
         return int(np.ceil(np.log1p(-power) / np.log1p(-tv)))  # one outcome: the first impossible draw shows it
     lam_over_4 = detectable_tv(1, num_bins, level, power) ** 2  # detectable_tv(n) = sqrt(lambda* / (4 n))
     return int(np.ceil(lam_over_4 / tv ** 2))
+
+# %% ../nbs/01_proof.ipynb #4fe72c9c
+def pooled_bins(probs: npt.ArrayLike, n: int, min_expected: float = MIN_EXPECTED) -> int:
+    "How many bins `chi_square_gof` compares for `n` draws against `probs`, after pooling the rare outcomes."
+    exp = np.asarray(probs, np.float64)
+    exp = exp[exp > 0] * as_count(n, "n")
+    small = exp < min_expected
+    if not small.any():
+        return len(exp)
+    merged = exp[small].sum() < min_expected and (~small).any()  # a pool still too rare joins another bin
+    return int((~small).sum()) + (0 if merged else 1)
+
+def law_detectable_tv(probs: npt.ArrayLike, n: int, level: float = LEVEL, power: float = POWER,
+                      min_expected: float = MIN_EXPECTED) -> float:
+    "Smallest TV bias from `probs` that `chi_square_gof` flags w.p. `power` at `n` draws: pooled bins plus pooled mass."
+    p = np.asarray(probs, np.float64)
+    pooled_mass = float(p[(p > 0) & (p * as_count(n, "n") < min_expected)].sum())
+    return detectable_tv(n, pooled_bins(p, n, min_expected), level, power) + pooled_mass
+
+def draws_for_law(probs: npt.ArrayLike, tv: float, level: float = LEVEL, power: float = POWER,
+                  min_expected: float = MIN_EXPECTED) -> int:
+    "Fewest draws at which `chi_square_gof` against `probs` flags every TV bias >= `tv` w.p. `power` (bisection)."
+    p = np.asarray(probs, np.float64)
+    flags = lambda n: law_detectable_tv(p, n, level, power, min_expected) <= tv
+    lo, hi = 1, max(draws_for_tv(tv, max(int(np.count_nonzero(p > 0)), 1), level, power), 1)
+    while not flags(hi):  # rare outcomes still pooled: more draws
+        hi *= 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if flags(mid) else (mid + 1, hi)
+    return hi
 
 # %% ../nbs/01_proof.ipynb #69209cb3
 @dataclass
