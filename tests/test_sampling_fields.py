@@ -14,6 +14,7 @@ of that window (and, after a rejection, of the next ones).
   preempt the newest requests; both events asserted to happen).
 * Greedy with every field equals plain greedy decoding token for token, against a reference written here one token at
   a time with a per-token Python loop over the vocabulary (independent of the batched tensor code), in every batch.
+* The Triton backend gets the same processed rows (the stage runs ahead of the kernels): its tokens equal torch's.
 * Planted bugs, as test-local variants of `speclab.metadata.rows_at_positions` (what the sampler uses to give each
   position its history), must be REJECTED by the same counts test: the penalty history computed once per step (every
   position sees all of the step's drafts), the drafts' history missing at position i (every position sees only the
@@ -301,3 +302,15 @@ def test_planted_bugs_break_greedy(bug):
                 if eng.generate([PROMPT], greedy(name))[0].token_ids != plain_greedy(name):
                     broken.add(name)
     assert set(BUGS[bug]) <= broken, f"planted {bug}: greedy unchanged on {set(BUGS[bug]) - broken}"
+
+
+def test_triton_backend_applies_the_same_stage():
+    """The stage runs ahead of the sampler's backend: the Triton kernels (interpreted here) get the processed rows and
+    emit exactly the torch backend's tokens for the same requests and engine seed (every setting, seeded and not)."""
+    params = [SamplingParams(**{**FIELDS[name], "max_tokens": 6, "seed": None if k % 2 else 100 + k})
+              for k, name in enumerate(NAMES)]
+    outs = {}
+    for backend in ("torch", "triton"):
+        eng = SpecDecoder(pair()[0], make_drafter("model"), kappa=KAPPA, backend=backend, seed=5)
+        outs[backend] = [o.token_ids for o in eng.generate([PROMPT] * len(params), params)]
+    assert outs["torch"] == outs["triton"]

@@ -367,3 +367,18 @@ def test_fresh_server_scrapes_at_zero(reference):
     with ServerThread(build_app(lp, MODEL)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
         m = parse_prometheus(c.get("/metrics").text)
     assert (m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens, m.accepted_per_pos) == (0, 0, 0, [0, 0, 0])
+
+
+def test_siblings_share_prefix_blocks(client, server):
+    "n samples of one prompt are sibling requests: all but the first find the prompt's full blocks in the prefix cache."
+    _, lp = server
+    prompt = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n"
+    n_prompt = len(lp.engine.tokenizer(prompt)["input_ids"])
+    full = n_prompt // lp.engine.block_size * lp.engine.block_size
+    assert full >= lp.engine.block_size, "the prompt must fill a block"
+    before = lp.call(lambda e: e.scheduler.num_cached_tokens if e.scheduler else 0).result(timeout=60)
+    got = complete(client, prompt=prompt, n=4, max_tokens=6, temperature=0.8, seed=1)
+    assert [c["index"] for c in got["choices"]] == [0, 1, 2, 3]
+    assert got["usage"]["prompt_tokens"] == n_prompt                     # the prompt is counted once
+    cached = lp.call(lambda e: e.scheduler.num_cached_tokens).result(timeout=60) - before
+    assert cached >= 3 * full, f"only {cached} prompt tokens came from the cache for 3 siblings of {full}"
