@@ -26,7 +26,7 @@ import suite_clock
 # Property tests: the same examples on every CI run (derandomized, no example database), random exploration on a
 # developer's machine. .ci/run sets CI=true; SPECLAB_HYPOTHESIS_PROFILE picks a profile by name.
 hypothesis_settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
-hypothesis_settings.register_profile("dev", deadline=None, print_blob=True)
+hypothesis_settings.register_profile("dev", derandomize=False, deadline=None, print_blob=True)
 hypothesis_settings.load_profile(os.environ.get("SPECLAB_HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.xdist_group("cli")   # one worker: its module fixtures are built once
+
 ROOT = Path(__file__).resolve().parent.parent
 SPECLAB = Path(sys.executable).parent / "speclab"
 NO_NET = ["unshare", "--net", "--"] if shutil.which("unshare") and subprocess.run(

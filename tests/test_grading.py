@@ -29,6 +29,8 @@ import pytest
 from speclab import grading
 from speclab.grading import Limits, grade, load_lab, read_submission, sandbox_problem
 
+pytestmark = pytest.mark.xdist_group("grading")   # one worker: its module fixtures are built once
+
 ROOT = Path(__file__).resolve().parent.parent
 LAB08 = ROOT / "labs" / "08_acceptance"
 LAB08_NAME = "lab08-acceptance"
@@ -826,6 +828,7 @@ def test_no_file_survives_in_shared_folders(tiny, tmp_path, sandboxes):
 
 NETWORK = '''
 import socket
+
 found = []
 for host, port in [("1.1.1.1", 80), ("127.0.0.1", {port})]:
     try:

@@ -14,6 +14,8 @@ import torch
 import speclab.sampling as ref
 from speclab import kernels as K
 
+pytestmark = pytest.mark.xdist_group("kernels")   # one worker: its module fixtures are built once
+
 RANDOM_OPS = ["random_sample", "chain_sample", "block_sample"]
 
 
@@ -166,6 +168,7 @@ def test_bad_inputs_name_the_argument():
 COMPILE_SCRIPT = r"""
 import json, sys
 from speclab import kernels as K
+
 res = {}
 for op, (name, variants) in K.KERNELS.items():
     res[op] = []

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.xdist_group("lab08")   # one worker: its module fixtures are built once
+
 ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / "labs" / "08_acceptance"
 MASTER, STUDENT, AUTOGRADER = LAB / "acceptance.ipynb", LAB / "student", LAB / "autograder"

@@ -16,10 +16,13 @@ import pytest
 
 from speclab.train import corpus_files, read_corpus, tiny_pair_path
 
+pytestmark = pytest.mark.xdist_group("portable")   # one worker: its module fixtures are built once
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 SITECUSTOMIZE = '''
 import os, sysconfig
+
 _get_paths = sysconfig.get_paths
 def get_paths(*args, **kwargs):
     paths = dict(_get_paths(*args, **kwargs))

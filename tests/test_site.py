@@ -30,9 +30,10 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--dis
 SHOTS = {"index": "index", "roofline": "chapter_math_plot", "api": "api_reference", "proof": "show_doc_entries",
          "lab08": "lab", "lab08_student": "lab_student_notebook"}
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.skipif(
     not CHROMIUM.exists(),
-    reason="browser test of the website skipped: /usr/bin/chromium is absent (apt-get install -y chromium)")
+    reason="browser test of the website skipped: /usr/bin/chromium is absent (apt-get install -y chromium)"),
+    pytest.mark.xdist_group("site")]   # one worker builds the site and drives one browser
 
 
 def website_commands() -> tuple[str, str]:

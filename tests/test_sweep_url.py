@@ -22,6 +22,8 @@ from speclab.model import load_model, load_tokenizer
 from speclab.testing import serve_process
 from speclab.train import tiny_pair_path
 
+pytestmark = pytest.mark.xdist_group("sweep_url")   # one worker: its module fixtures are built once
+
 SPECLAB = Path(sys.executable).parent / "speclab"
 BATCHES = [1, 3]
 OUTPUT_LEN = 12

@@ -16,6 +16,8 @@ from speclab.testing import parity_error
 from speclab.train import (encode_texts, eval_loss, eval_prompts, greedy_acceptance, main, read_corpus,
                            shipped_heldout_ids, tiny_pair_path)
 
+pytestmark = pytest.mark.xdist_group("train")   # one worker: its module fixtures are built once
+
 PAIR = tiny_pair_path("target").parent
 
 
