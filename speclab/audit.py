@@ -9,7 +9,7 @@ __all__ = ['AUDIT_POWER', 'MIN_COUNT', 'MAX_BINS', 'DEFAULT_PROMPTS', 'SETTINGS'
            'format_plan', 'AuditError', 'Refused', 'Sender', 'Collected', 'fetch_model', 'cell_body', 'needed_fields',
            'probe', 'collect', 'cell_name', 'law_tests', 'duplicate_tests', 'seed_tests', 'greedy_tests',
            'skipped_notes', 'summarise', 'analyse', 'verdict_line', 'run_audit', 'audit_figure', 'report_html',
-           'format_report', 'write_report']
+           'format_report', 'write_report', 'lab09_recording']
 
 # %% ../nbs/13_audit.ipynb #a662a706
 import asyncio
@@ -163,7 +163,7 @@ def holm(p_values: Sequence[float]) -> list[float]:
         adjusted[i] = running
     return adjusted
 
-# %% ../nbs/13_audit.ipynb #c8c810f9
+# %% ../nbs/13_audit.ipynb #fa70d404
 def _split(total: int, parts: int) -> int:
     "Requests per server per cell when `total` requests go to `parts` cells, half to each server."
     return max(0, total // (2 * parts)) if parts else 0
@@ -189,9 +189,9 @@ def plan_audit(prompts: Sequence[str] = DEFAULT_PROMPTS, budget: int = 12_000, l
     law_prompts = prompts[:num_law_prompts]
     seed_prompts = prompts[:2] if num_seeds >= 2 else []
     greedy = list(prompts)
-    first = next(iter(settings.items()))
+    first = next(iter(settings.items()), None)
     rest = budget - 4 * len(seed_prompts) * num_seeds - 3 * len(greedy)
-    n_conc = min(concurrency_n, _split(rest // 4, len(law_prompts[:2])))
+    n_conc = min(concurrency_n, _split(rest // 4, len(law_prompts[:2]))) if first else 0
     rest -= 2 * n_conc * len(law_prompts[:2])
     cells = [Cell("laws", p, name, f, max_tokens, 0, concurrency) for p in law_prompts for name, f in settings.items()]
     cells += [Cell("penalties", p, name, f, penalty_tokens, 0, concurrency) for p in law_prompts[:1]
@@ -199,7 +199,7 @@ def plan_audit(prompts: Sequence[str] = DEFAULT_PROMPTS, budget: int = 12_000, l
     n = _split(rest, len(cells))
     for c in cells:
         c.n = n
-    cells += [Cell("concurrency", p, first[0], first[1], max_tokens, n_conc, 1) for p in law_prompts[:2]]
+    cells += [Cell("concurrency", p, first[0], first[1], max_tokens, n_conc, 1) for p in law_prompts[:2] if first]
     plan = AuditPlan(level, budget, concurrency, [c for c in cells if c.n > 0], seed_prompts, num_seeds, greedy,
                      greedy_tokens, seed)
     if n < 20:
@@ -207,7 +207,7 @@ def plan_audit(prompts: Sequence[str] = DEFAULT_PROMPTS, budget: int = 12_000, l
                          f"{budget - rest + 40 * len(cells)}")
     return plan
 
-# %% ../nbs/13_audit.ipynb #a26bd555
+# %% ../nbs/13_audit.ipynb #0cb7edb4
 def two_sample_bound(n_a: int, n_b: int, num_bins: int, level: float, power: float = AUDIT_POWER) -> float:
     "Smallest TV distance between two binned laws that a chi-square test on n_a and n_b draws flags w.p. >= power."
     if min(n_a, n_b) < 1:
@@ -263,7 +263,7 @@ def format_plan(plan: AuditPlan) -> str:
                  f"into their longest prefix seen >= {MIN_COUNT} times)")
     return "\n".join(lines)
 
-# %% ../nbs/13_audit.ipynb #713926c9
+# %% ../nbs/13_audit.ipynb #a6d17b88
 class AuditError(Exception):
     "The audit could not run (exit 2): a server unreachable or failing, a basic field refused, different models."
 
@@ -337,7 +337,7 @@ def _text(r: httpx.Response, url: str) -> str:
     except (ValueError, KeyError, IndexError, TypeError):
         raise AuditError(f"{url} answered 200 without choices[0].text: {r.text[:200]!r}") from None
 
-# %% ../nbs/13_audit.ipynb #b4fcb930
+# %% ../nbs/13_audit.ipynb #6ee13ee3
 SEED_TOKENS = 8
 
 @dataclass
@@ -375,7 +375,7 @@ def needed_fields(fields: dict) -> set:
     "The optional fields a request uses (the ones a server may refuse)."
     return set(fields) & set(OPTIONAL_FIELDS)
 
-# %% ../nbs/13_audit.ipynb #72101bd0
+# %% ../nbs/13_audit.ipynb #da0c4b81
 async def probe(client: httpx.AsyncClient, urls: dict, model: str, sender: Sender, col: Collected) -> None:
     "One plain request to each server (a refusal is fatal), then one per optional field (a refusal is noted)."
     for server, url in urls.items():
@@ -452,7 +452,7 @@ async def collect(urls: dict, plan: AuditPlan, model: str | None, sender: Sender
         await _jobs(jobs, urls, plan.concurrency, client, sender, progress)
         await asyncio.gather(*[_jobs(sequential[s], {s: urls[s]}, 1, client, sender, progress) for s in urls])
 
-# %% ../nbs/13_audit.ipynb #698a7ff0
+# %% ../nbs/13_audit.ipynb #670188e3
 CHECKS = ("laws", "penalties", "concurrency", "seeds", "greedy")
 
 def _done(texts: list | None) -> list:
@@ -522,7 +522,7 @@ def greedy_tests(plan: AuditPlan, col: Collected) -> list[TestResult]:
     return [_rate_result("greedy", "exact match with the reference", x_a, len(keys), x_b, len(keys), "less",
                          ("exact match", "mismatch"), rate_bound(len(keys), plan.test_level))]
 
-# %% ../nbs/13_audit.ipynb #5455cf53
+# %% ../nbs/13_audit.ipynb #701e8560
 def skipped_notes(plan: AuditPlan, col: Collected) -> list[str]:
     "One line per check or cell left out because a server refused a field it needs."
     notes = []
@@ -566,7 +566,7 @@ def verdict_line(checks: list[dict], level: float, num_tests: int, sent: int, el
     return 0, (f"speclab audit: PASS: no evidence of a difference in {num_tests} tests at level {level:g} "
                f"({sent:,} requests, {elapsed:.0f} s)")
 
-# %% ../nbs/13_audit.ipynb #3fd7c766
+# %% ../nbs/13_audit.ipynb #658aca02
 def _run(coro_fn: Callable[[], Any]) -> None:
     "Run a coroutine to completion from sync code, in a fresh thread when this one already runs an event loop."
     try:
@@ -614,7 +614,7 @@ def run_audit(url: str, reference_url: str, plan: AuditPlan | None = None, model
                           concurrency=plan.concurrency, cells=[asdict(c) for c in plan.cells]),
                 notes=skipped_notes(plan, col), checks=checks, tests=[asdict(t) for t in tests])
 
-# %% ../nbs/13_audit.ipynb #37fc7ebc
+# %% ../nbs/13_audit.ipynb #ef03952b
 def audit_figure(report: dict) -> Any:
     "Two panels: every test's Holm-adjusted p-value against the level; the worst cell's bins, side by side."
     import matplotlib.pyplot as plt
@@ -708,3 +708,13 @@ def write_report(report: dict, out: str | Path | None = None, html_out: str | Pa
         Path(out).write_text(json.dumps(report, indent=1, default=str) + "\n")
     if html_out is not None:
         Path(html_out).write_text(report_html(report))
+
+# %% ../nbs/13_audit.ipynb #17796b5b
+def lab09_recording(name: str) -> dict:
+    "Lab 09's recorded samples `name` (pair_1 ... pair_4), shipped with speclab: {'pair': name, 'cells': [...]}."
+    from importlib.resources import files
+    folder = files("speclab") / "data" / "lab09"
+    names = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+    if name not in names:
+        raise ValueError(f"name must be one of {', '.join(names)}, got {name!r}")
+    return json.loads((folder / f"{name}.json").read_text(encoding="utf-8"))
