@@ -237,13 +237,13 @@ def _stop(proc: subprocess.Popen, log: Any, check: bool) -> None:
     if check and proc.returncode != 0:
         raise RuntimeError(f"speclab serve exited with status {proc.returncode}:\n{tail}")
 
-# %% ../nbs/95_testing.ipynb #b496d280
+# %% ../nbs/95_testing.ipynb #3f8a33b9
 import copy
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from .metadata import expand_batch_to_tokens
-from .sampling import PLACEHOLDER_TOKEN_ID, sampling_probs
+from .sampling import PLACEHOLDER_TOKEN_ID, ProcessorRows, process_logits, sampling_probs
 
 FAULTS = {
     "top_p_target_only": "top-p applied to the draft's q but not to the target's p (vLLM #9834 / PR #10198)",
@@ -251,6 +251,8 @@ FAULTS = {
     "recovered_from_p": "the recovered token drawn from p instead of max(p - q, 0)",
     "bonus_after_reject": "a bonus token emitted after a rejection, from the position of the rejected draft",
     "batch_dependent": "q rows misaligned once more than two requests share a step (a vLLM fork's #656)",
+    "penalties_per_step": "penalties counted once per step: every draft position sees the step's first history "
+                          "(SGLang PR #33643)",
     "shared_rng": "unseeded requests restart one RNG stream whenever the engine is idle (TensorRT-LLM #19487)",
     "seed_ignored": "a request's seed dropped: it draws from the shared stream (vLLM #6038, #9441, #13196)",
 }
@@ -303,6 +305,13 @@ def _lenient_commit(bm: Any) -> None:
         return original(req_id, num_accepted, emitted_tokens)
     bm.commit, bm._planted = commit, True
 
+def _stale_rows(processors: Any, md: Any) -> Any:
+    "Processor rows for every sampled position from the request's history at the step's start (the penalty bug)."
+    n = torch.as_tensor(md.num_draft_tokens)
+    owner = torch.repeat_interleave(torch.arange(len(n)), n + 1)
+    rows = {f.name: getattr(processors, f.name) for f in fields(ProcessorRows)}
+    return ProcessorRows(**{k: None if x is None else x[owner.to(x.device)] for k, x in rows.items()})
+
 def faulty_sampler(engine: Any, fault: str, sampler: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     "The engine's sampler with `fault` planted (see FAULTS); `sampler` is the correct one it wraps."
     def sample(md, logits, draft_probs, sampling, backend="torch"):
@@ -314,6 +323,10 @@ def faulty_sampler(engine: Any, fault: str, sampler: Callable[..., torch.Tensor]
             sampling.temperature = torch.zeros_like(sampling.temperature)
             sampling.is_greedy = torch.ones_like(sampling.is_greedy)
             sampling.all_greedy = True
+        elif fault == "penalties_per_step" and sampling.processors is not None:
+            logits = process_logits(logits, _stale_rows(sampling.processors, md))
+            sampling = copy.copy(sampling)
+            sampling.processors = ProcessorRows(min_p=sampling.processors.min_p)
         elif fault == "batch_dependent" and len(md.num_draft_tokens) > 2 and draft_probs is not None:
             draft_probs = draft_probs.roll(1, 0)
         elif fault in ("recovered_from_p", "bonus_after_reject") and not sampling.all_greedy:
@@ -342,7 +355,7 @@ def plant_fault(engine: Any, fault: str | None) -> None:
     elif fault is not None:
         engine.sampler = faulty_sampler(engine, fault, original[0])
 
-# %% ../nbs/95_testing.ipynb #9226ab51
+# %% ../nbs/95_testing.ipynb #55a8235b
 @contextmanager
 def audit_pair(max_num_seqs: int = 16, seed: int = 0, kappa: int = 3) -> Iterator[tuple[str, str, Callable]]:
     "The shipped pair served in-process, speculation on and off: (audited url, reference url, set_fault(name|None))."
