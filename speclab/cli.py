@@ -460,7 +460,7 @@ def cmd_grade(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"submission not found: {args.path}")
     if args.gradescope:
         print(f"Gradescope autograder for {lab.name} written to {write_gradescope(lab, args.gradescope)}: "
-              "zip its contents (setup.sh, run_autograder, lab/) and upload it")
+              "upload that zip (the same files lie unpacked beside it)")
         return 0
     problem = sandbox_problem()
     practice = args.practice or problem is not None
