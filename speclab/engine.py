@@ -241,7 +241,7 @@ def processor_rows(params: list[SamplingParams], prompts: list[list[int]], outpu
         rows.output_counts = token_counts(outputs, V, device)
     if any(p.logit_bias for p in params):
         b, t, v = _items(params, "logit_bias")
-        rows.logit_bias = torch.zeros(B, V, dtype=torch.float64).index_put_((b, t), v.double()).to(device)
+        rows.logit_bias = torch.zeros(B, V).index_put_((b, t), v.float()).to(device)
     if any(p.allowed_token_ids is not None for p in params):
         b, t, _ = _items(params, "allowed_token_ids")
         free = torch.tensor([p.allowed_token_ids is None for p in params])[:, None].expand(B, V).clone()

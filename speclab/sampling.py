@@ -468,13 +468,19 @@ def position_counts(counts: Tensor, draft_token_ids: Tensor, num_draft_tokens: S
     "Counts at each sampled row (position i = 0..n_b of request b, request by request): counts[b] + d_1..d_i."
     n = torch.as_tensor(num_draft_tokens, dtype=torch.int64).cpu()
     dev = counts.device
-    owner = torch.repeat_interleave(torch.arange(len(n)), n + 1).to(dev)
-    first = (torch.cumsum(n + 1, 0) - (n + 1)).to(dev)
-    drafts = torch.zeros(len(owner), counts.shape[1], dtype=counts.dtype, device=dev)
-    target_rows = torch.arange(int(n.sum())) + torch.repeat_interleave(torch.arange(len(n)), n)
-    drafts[(target_rows + 1).to(dev), draft_token_ids.to(dev).long()] = 1   # d_i is history from row i + 1 on
-    running = drafts.cumsum(0, dtype=counts.dtype)
-    return counts[owner] + running - running[first][owner]     # the running sum restarts at each request
+    out = counts[torch.repeat_interleave(torch.arange(len(n)), n + 1).to(dev)]   # every row: its request's counts
+    if int(n.sum()) == 0:
+        return out
+    idx, valid = padded_index(n)                       # draft i of request b sits at flat index idx[b, i]
+    i = torch.arange(idx.shape[1])[None, :, None]
+    row = torch.arange(idx.shape[1] + 1)[None, None, :]
+    later = valid[:, :, None] & (row > i) & (row <= n[:, None, None])   # d_i is history at positions i+1 .. n_b
+    b, i, r = later.nonzero(as_tuple=True)             # sum n_b (n_b + 1) / 2 pairs: a few per request, not [N, V]
+    first = torch.cumsum(n + 1, 0) - (n + 1)
+    tokens = draft_token_ids.cpu().long()[idx[b, i]]
+    out.index_put_(((first[b] + r).to(dev), tokens.to(dev)), torch.ones(len(b), dtype=out.dtype, device=dev),
+                   accumulate=True)
+    return out
 
 # %% ../nbs/03_sampling.ipynb #c27a0004
 @dataclass
@@ -496,11 +502,11 @@ def apply_penalties(logits: Tensor, prompt_mask: Tensor, output_counts: Tensor, 
                     frequency_penalty: Tensor, repetition_penalty: Tensor) -> Tensor:
     "vLLM's penalties: repetition over prompt and generated tokens, then frequency * count and presence (generated)."
     dt = logits.dtype
-    seen = prompt_mask | (output_counts > 0)
+    generated = output_counts > 0
     rep = repetition_penalty.to(dt)[:, None]
-    logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    logits = torch.where(prompt_mask | generated, torch.where(logits > 0, logits / rep, logits * rep), logits)
     logits = logits - frequency_penalty.to(dt)[:, None] * output_counts.to(dt)
-    return logits - presence_penalty.to(dt)[:, None] * (output_counts > 0).to(dt)
+    return logits - presence_penalty.to(dt)[:, None] * generated
 
 def apply_min_tokens(logits: Tensor, num_generated: Tensor, min_tokens: Tensor, stop_mask: Tensor) -> Tensor:
     "Stop tokens at -inf in every row whose history holds fewer than min_tokens generated tokens."
