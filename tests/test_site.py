@@ -7,6 +7,7 @@ used). Every request that leaves localhost is blocked and counted as an error, s
 Screenshots of the index, a chapter with math and a plot, the API reference and the lab pages are written to a
 folder printed by the test (SPECLAB_SITE_SHOTS=DIR chooses it).
 """
+import html
 import json
 import os
 import re
@@ -183,6 +184,39 @@ def test_site_has_every_page(site):
     assert not [p for p in want if not (out / f"{p}.html").exists()], sorted(p.name for p in out.glob("*.html"))
     assert (out / ".nojekyll").exists() and (out / "search.html").exists() and (out / "searchindex.js").exists()
     assert (out / "_static" / "mathjax" / "tex-chtml.js").exists()
+
+
+STREAM_BLOCK = re.compile(r'<div class="output stream[^"]*">\s*<div class="highlight[^"]*">\s*<pre>(.*?)</pre>', re.S)
+
+
+def notebook_streams(path: Path) -> set[str]:
+    "Every code cell's stream outputs, consecutive chunks of one stream joined exactly as printed."
+    blocks = set()
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        text, name = "", None
+        for o in cell.get("outputs", []) + [{}]:
+            if o.get("output_type") == "stream" and o.get("name") == name:
+                text += "".join(o["text"])
+                continue
+            if text:
+                blocks.add(text.strip("\n"))
+            text, name = ("".join(o["text"]), o["name"]) if o.get("output_type") == "stream" else ("", None)
+    return blocks
+
+
+def test_streams_are_shown_as_printed(site):
+    """Each streamed output on a chapter's page is the notebook's text as printed: consecutive chunks joined, not one
+    line per chunk (a notebook that streams tokens saves dozens of chunks). The index page's demo must be among them."""
+    out, meta = site
+    bad, matched = {}, {}
+    for doc, nb_file in meta["notebooks"].items():
+        page = (out / f"{doc}.html").read_text(encoding="utf-8")
+        shown = [html.unescape(re.sub(r"<[^>]+>", "", b)).strip("\n") for b in STREAM_BLOCK.findall(page)]
+        printed = notebook_streams(ROOT / "nbs" / nb_file)
+        bad[doc] = [b[:200] for b in shown if b not in printed]
+        matched[doc] = len(shown) - len(bad[doc])
+    assert not any(bad.values()), {d: b for d, b in bad.items() if b}
+    assert matched["index"] >= 1, "the index page shows no streamed output"
 
 
 def test_no_cdn(site):

@@ -399,7 +399,7 @@ def convert_nb(nb: dict, link: Linker, title_fallback: str = "", source: Path | 
             if o.get("output_type") == "error":  # a traceback saved in a chapter still shows, without ANSI codes
                 o["traceback"] = [re.sub(r"\x1b\[[0-9;]*m", "", t) for t in o.get("traceback", [])]
             outputs.append(o)
-        out.append({"cell_type": "code", "metadata": meta, "source": body, "outputs": outputs,
+        out.append({"cell_type": "code", "metadata": meta, "source": body, "outputs": join_streams(outputs),
                     "execution_count": c.get("execution_count")})
     nb = dict(nb)
     nb["cells"] = out
@@ -409,6 +409,28 @@ def convert_nb(nb: dict, link: Linker, title_fallback: str = "", source: Path | 
     for i, c in enumerate(nb["cells"]):
         c["id"] = f"c{i}"
     return nb, fm
+
+
+def join_streams(outputs: list[dict]) -> list[dict]:
+    """Consecutive chunks of one stream joined into one output, exactly as printed (as tools/make_readme.py does).
+
+    A notebook that streams text token by token saves dozens of chunks; myst-nb's own merging (nb_merge_streams)
+    strips each chunk and adds a line break, cutting lines mid-expression, so website/conf.py leaves it off."""
+    joined: list[dict] = []
+    for o in outputs:
+        last = joined[-1] if joined else None
+        same = last is not None and last.get("output_type") == "stream" == o.get("output_type")
+        if same and last.get("name") == o.get("name"):
+            joined[-1] = {**last, "text": stream_text(last) + stream_text(o)}
+        else:
+            joined.append(o)
+    return joined
+
+
+def stream_text(output: dict) -> str:
+    "A stream output's text (nbformat allows a string or a list of strings)."
+    text = output.get("text", "")
+    return "".join(text) if isinstance(text, list) else text
 
 
 def page_name(fm: dict, nb_file: str) -> str:
@@ -618,6 +640,7 @@ def write_sources(src: Path, proc: Path, cfg: dict) -> dict:
     return {"pages": {d: titles.get(d, d) for d in order},
             "sections": [{"caption": sec, "pages": ds} for sec, ds in nav],
             "chapters": [docs[f] for f in listed if docs[f] != "index"],
+            "notebooks": {d: f for f, d in docs.items()},
             "api": [{"name": f"{m}.{n}", "page": p, "anchor": a} for m, rows in public_symbols(cfg).items()
                     for n, p, a in rows],
             "undocumented": undocumented}

@@ -15,7 +15,7 @@ extensions = [
 # notebooks are never executed here: their saved outputs (plots, tables) are the content
 nb_execution_mode = "off"
 nb_render_markdown_format = "myst"   # text/markdown outputs get the same math and links as markdown cells
-nb_merge_streams = True
+nb_merge_streams = False   # tools/build_site.py joins a stream's chunks exactly (myst-nb adds line breaks)
 nb_code_prompt_show = "Show exported source"
 nb_code_prompt_hide = "Hide exported source"
 
