@@ -180,7 +180,9 @@ def test_site_has_every_page(site):
     out, meta = site
     chapters = meta["chapters"]
     assert len(chapters) >= 10, chapters
-    want = ["index", *chapters, "lab08", "lab08_student", "api", "benchmarks"]
+    labs = [p for lab in meta["labs"] for p in (lab, f"{lab}_student")]
+    assert {"lab08", "lab09"} <= set(meta["labs"]), meta["labs"]
+    want = ["index", *chapters, *labs, "api", "benchmarks"]
     assert not [p for p in want if not (out / f"{p}.html").exists()], sorted(p.name for p in out.glob("*.html"))
     assert (out / ".nojekyll").exists() and (out / "search.html").exists() and (out / "searchindex.js").exists()
     assert (out / "_static" / "mathjax" / "tex-chtml.js").exists()
@@ -289,7 +291,8 @@ def test_math_is_typeset(visits):
 
 def test_sidebar_lists_every_chapter(visits, site):
     _, meta = site
-    want = {"index", *meta["chapters"], "lab08", "lab08_student", "api", "benchmarks"}
+    want = {"index", *meta["chapters"], *(p for lab in meta["labs"] for p in (lab, f"{lab}_student")), "api",
+            "benchmarks"}
     problems = {}
     for p, r in visits.items():
         here = p[:-5]  # Furo links the current page as "#"
@@ -350,12 +353,13 @@ def test_api_reference_covers_every_public_name(visits, site):
     assert "One speculative step: draft" in proof["prose"]
 
 
-def test_lab_pages(visits):
-    lab, student = visits["lab08.html"], visits["lab08_student.html"]
-    assert "speclab grade" in " ".join(lab["code"]) + lab["prose"]  # how to grade
-    assert "For students" in lab["prose"] and "For instructors" in lab["prose"]
-    assert any('grader.check("q1_rates")' in c for c in student["code"]), student["code"][:5]
-    assert any(h.endswith("acceptance.ipynb") for h in student["links"]), "no download link to the notebook"
+@pytest.mark.parametrize("lab,notebook", [("lab08", "acceptance.ipynb"), ("lab09", "audit.ipynb")])
+def test_lab_pages(visits, lab, notebook):
+    page, student = visits[f"{lab}.html"], visits[f"{lab}_student.html"]
+    assert "speclab grade" in " ".join(page["code"]) + page["prose"]  # how to grade
+    assert "For students" in page["prose"] and "For instructors" in page["prose"]
+    assert any("grader.check(" in c for c in student["code"]), student["code"][:5]
+    assert any(h.endswith(notebook) for h in student["links"]), "no download link to the notebook"
 
 
 def test_screenshots_written(visits, shots_dir):

@@ -38,8 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "website"  # Sphinx configuration, templates and static files of the offline renderer
 
-# Extra pages: (docname, title) added to the sidebar after the notebooks of nbs/sidebar.yml.
-LAB_DIR = ROOT / "labs" / "08_acceptance"
+# Extra pages added to the sidebar after the notebooks of nbs/sidebar.yml: each lab (labs/NN_name/README.md and its
+# student notebook) and the benchmark results.
+LABS_DIR = ROOT / "labs"
 RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"
 
 
@@ -433,6 +434,45 @@ def stream_text(output: dict) -> str:
     return "".join(text) if isinstance(text, list) else text
 
 
+def labs() -> list[tuple[Path, str, Path]]:
+    "(folder, page name, student notebook) of each lab: labs/NN_name/ with a README.md and one student/*.ipynb."
+    found = []
+    for lab_dir in sorted(p for p in LABS_DIR.glob("[0-9][0-9]_*") if (p / "README.md").exists()):
+        notebooks = sorted((lab_dir / "student").glob("*.ipynb"))
+        if len(notebooks) == 1:
+            found.append((lab_dir, f"lab{lab_dir.name[:2]}", notebooks[0]))
+    return found
+
+
+def write_lab(src: Path, lab_dir: Path, doc: str, student_nb: Path, base: str, repo_pages: dict,
+              cfg: dict) -> dict[str, str]:
+    "Write a lab's two pages (its README, and its student notebook with a download link); return their titles."
+    readme = lab_dir.joinpath("README.md").read_text(encoding="utf-8")
+    (src / f"{doc}.md").write_text(Linker(base, repo_pages, cfg["git_url"], lab_dir)(readme), encoding="utf-8")
+    title = re.search(r"^#\s+(.+)$", readme, re.M).group(1).strip()
+    name = title.split(":")[0]                                      # "Lab 08"
+    snb = json.loads(student_nb.read_text(encoding="utf-8"))
+    cells = snb["cells"]
+    first_md = next((i for i, c in enumerate(cells) if c["cell_type"] == "markdown"), None)
+    if first_md is not None:  # its title line becomes the lead of a page with a title of its own
+        c = cells[first_md]
+        c["source"] = re.sub(r"^#\s+(.+)$", r"{.lead}\n\1", "".join(c["source"]), count=1, flags=re.M)
+        cells.insert(0, cells.pop(first_md))
+    rel = student_nb.relative_to(ROOT).as_posix()
+    download = f"{doc}_student_download"
+    intro = (f"# {name}: the student notebook\n\n:::{{note}}\nThis is the notebook students get "
+             f"(`{rel}`), as handed out: every answer is a `...` to replace, "
+             "and each question ends in a `grader.check` cell that runs its public tests. How to work on it, and "
+             f"how it is graded: [{name}](site:{doc}.html). "
+             f"{{download}}`Download the notebook <{download}/{student_nb.name}>`.\n:::\n")
+    cells.insert(0, md_cell(intro))
+    (src / download).mkdir(exist_ok=True)
+    shutil.copy2(student_nb, src / download / student_nb.name)
+    student, _ = convert_nb(snb, Linker(base, repo_pages, cfg["git_url"], student_nb.parent))
+    (src / f"{doc}_student.ipynb").write_text(json.dumps(student, indent=1), encoding="utf-8")
+    return {doc: title, f"{doc}_student": f"{name}: the student notebook"}
+
+
 def page_name(fm: dict, nb_file: str) -> str:
     "The page's name: nbdev's output-file (so nbdev's own links keep working), else the notebook's stem."
     of = fm.get("output-file")
@@ -557,8 +597,10 @@ def write_sources(src: Path, proc: Path, cfg: dict) -> dict:
     if missing:
         raise SystemExit(f"error: nbs/sidebar.yml lists {missing}, which nbdev did not process (see {proc})")
     repo_pages = {f"{cfg.get('nbs_path', 'nbs')}/{k}": v for k, v in docs.items()}
-    repo_pages.update({"labs/08_acceptance/README.md": "lab08", "benchmarks/RESULTS.md": "benchmarks",
-                       "labs/08_acceptance/student/acceptance.ipynb": "lab08_student", "README.md": "index"})
+    repo_pages.update({"benchmarks/RESULTS.md": "benchmarks", "README.md": "index"})
+    for lab_dir, doc, student_nb in labs():
+        repo_pages[f"labs/{lab_dir.name}/README.md"] = doc
+        repo_pages[f"labs/{lab_dir.name}/student/{student_nb.name}"] = f"{doc}_student"
     base = doc_url(cfg)
     titles, api = {}, []
     for f, doc in docs.items():
@@ -569,29 +611,9 @@ def write_sources(src: Path, proc: Path, cfg: dict) -> dict:
             continue  # written below, with the navigation
         (src / f"{doc}.ipynb").write_text(json.dumps(page, indent=1), encoding="utf-8")
 
-    # the lab: README (students and instructors, grading) and the student notebook
-    lab_link = Linker(base, repo_pages, cfg["git_url"], LAB_DIR)
-    (src / "lab08.md").write_text(lab_link(LAB_DIR.joinpath("README.md").read_text(encoding="utf-8")),
-                                  encoding="utf-8")
-    titles["lab08"] = "Lab 08: acceptance, measured"
-    snb = json.loads((LAB_DIR / "student" / "acceptance.ipynb").read_text(encoding="utf-8"))
-    cells = snb["cells"]
-    first_md = next((i for i, c in enumerate(cells) if c["cell_type"] == "markdown"), None)
-    if first_md is not None:  # its title line becomes the lead of a page with a title of its own
-        c = cells[first_md]
-        c["source"] = re.sub(r"^#\s+(.+)$", r"{.lead}\n\1", "".join(c["source"]), count=1, flags=re.M)
-        cells.insert(0, cells.pop(first_md))
-    intro = ("# Lab 08: the student notebook\n\n:::{note}\nThis is the notebook students get "
-             "(`labs/08_acceptance/student/acceptance.ipynb`), as handed out: every answer is a `...` to replace, "
-             "and each question ends in a `grader.check` cell that runs its public tests. How to work on it, and "
-             "how it is graded: [Lab 08](site:lab08.html). "
-             "{download}`Download the notebook <lab08_student_download/acceptance.ipynb>`.\n:::\n")
-    cells.insert(0, md_cell(intro))
-    (src / "lab08_student_download").mkdir(exist_ok=True)
-    shutil.copy2(LAB_DIR / "student" / "acceptance.ipynb", src / "lab08_student_download" / "acceptance.ipynb")
-    student, _ = convert_nb(snb, Linker(base, repo_pages, cfg["git_url"], LAB_DIR / "student"))
-    (src / "lab08_student.ipynb").write_text(json.dumps(student, indent=1), encoding="utf-8")
-    titles["lab08_student"] = "Lab 08: the student notebook"
+    # the labs: README (students and instructors, grading) and the student notebook of each
+    for lab_dir, doc, student_nb in labs():
+        titles.update(write_lab(src, lab_dir, doc, student_nb, base, repo_pages, cfg))
 
     # benchmark results
     res_link = Linker(base, repo_pages, cfg["git_url"], RESULTS_MD.parent)
@@ -617,7 +639,7 @@ def write_sources(src: Path, proc: Path, cfg: dict) -> dict:
         ds = [docs[f] for f in files if docs[f] != "index"]
         if ds:
             nav.append((sec, ds))
-    nav.append(("Lab", ["lab08", "lab08_student"]))
+    nav.append(("Labs", [d for _, doc, _ in labs() for d in (doc, f"{doc}_student")]))
     ref = next((n for n in nav if n[0] == "Reference"), None)
     if ref is None:
         nav.append(ref := ("Reference", []))
@@ -641,6 +663,7 @@ def write_sources(src: Path, proc: Path, cfg: dict) -> dict:
             "sections": [{"caption": sec, "pages": ds} for sec, ds in nav],
             "chapters": [docs[f] for f in listed if docs[f] != "index"],
             "notebooks": {d: f for f, d in docs.items()},
+            "labs": [doc for _, doc, _ in labs()],
             "api": [{"name": f"{m}.{n}", "page": p, "anchor": a} for m, rows in public_symbols(cfg).items()
                     for n, p, a in rows],
             "undocumented": undocumented}

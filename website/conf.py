@@ -28,7 +28,7 @@ myst_url_schemes = {
     "sitefrag": "{{path}}#{{fragment}}",
 }
 
-exclude_patterns = ["lab08_student_download/**", "**/.ipynb_checkpoints"]
+exclude_patterns = ["lab*_student_download/**", "**/.ipynb_checkpoints"]
 suppress_warnings = ["myst.header", "mystnb.unknown_mime_type", "misc.highlighting_failure"]
 
 html_theme = "furo"
