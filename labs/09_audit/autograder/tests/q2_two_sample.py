@@ -1,0 +1,16 @@
+OK_FORMAT = True
+
+test = {   'name': 'q2_two_sample',
+    'points': [1, 1, 1, 1],
+    'suites': [   {   'cases': [   {   'code': '>>> [(round(s, 3), df, round(p, 4)) for s, df, p in pair_1_tests]\n[(11.692, 16, 0.7649), (32.568, 25, 0.1422), (5.304, 10, 0.87)]',
+                                       'hidden': False,
+                                       'locked': False},
+                                   {'code': ">>> [round(x, 4) for x in two_sample({'a': 30, 'b': 10}, {'a': 10, 'b': 30})]\n[20.0, 1, 0.0]", 'hidden': False, 'locked': False},
+                                   {   'code': ">>> [round(x, 4) for x in two_sample({'aa': 20, 'ab': 5, 'b': 15, 'c': 3}, {'aa': 12, 'ac': 6, 'b': 22, 'd': 4})]\n[3.5471, 3, 0.3147]",
+                                       'hidden': True,
+                                       'locked': False},
+                                   {'code': ">>> [round(x, 4) for x in two_sample({'a': 3}, {'a': 4, 'b': 2})]\n[0.0, 0, 1.0]", 'hidden': True, 'locked': False}],
+                      'scored': True,
+                      'setup': '',
+                      'teardown': '',
+                      'type': 'doctest'}]}

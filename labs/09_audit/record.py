@@ -1,0 +1,66 @@
+"""Record Lab 09's samples: the shipped tiny pair served twice in-process (speculation on and off), some pairs with a
+planted fault (speclab.testing.plant_fault), each cell's completions counted per server.
+
+    python labs/09_audit/record.py   # writes speclab/data/lab09/pair_*.json and labs/09_audit/hidden_recordings.json
+
+The pair files ship with speclab (`speclab.audit.lab09_recording`, so a notebook finds them wherever it is graded);
+hidden_recordings.json is what the hidden tests embed (assign.py reads it), from
+prompts the student never sees. Which pair is broken, and how, is in KEY (never shipped in the student folder: this
+script is not copied by otter assign).
+"""
+import asyncio
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from speclab.audit import Cell, Collected, Sender, collect, AuditPlan
+from speclab.testing import audit_pair
+
+LAB = Path(__file__).resolve().parent
+DATA = LAB.parent.parent / "speclab" / "data" / "lab09"
+CELLS = [("with open(", "t1.0", {"temperature": 1.0}), ("with open(", "t0.8,p0.6", {"temperature": 0.8, "top_p": 0.6}),
+         ("raise ValueError(", "t0.8,p0.6", {"temperature": 0.8, "top_p": 0.6})]
+HIDDEN_CELLS = [("In 1492,", "t0.8,p0.6", {"temperature": 0.8, "top_p": 0.6}),
+                ("    return self.", "t0.8,p0.6", {"temperature": 0.8, "top_p": 0.6})]
+KEY = {"pair_1": None, "pair_2": "top_p_target_only", "pair_3": None, "pair_4": "recovered_from_p"}
+HIDDEN_KEY = {"hidden_1": "top_p_target_only", "hidden_2": None, "hidden_3": "recovered_from_p"}
+
+
+def record(urls, cells, n, max_tokens, seed):
+    "Counts of each completion text per server and cell: [{prompt, setting, audited: {...}, reference: {...}}]."
+    plan = AuditPlan(0.01, 10 ** 6, 16, [Cell("laws", p, s, f, max_tokens, n, 16) for p, s, f in cells], [], 0, [],
+                     1, seed)
+    col = Collected()
+
+    class Quiet:
+        def update(self, k): pass
+    asyncio.run(collect(urls, plan, None, Sender(10 ** 6), col, Quiet()))
+    return [dict(prompt=c.prompt, setting=c.setting, fields=c.fields, max_tokens=max_tokens, n=n,
+                 **{s: dict(Counter(col.outcomes[i, s]).most_common()) for s in ("audited", "reference")})
+            for i, c in enumerate(plan.cells)]
+
+
+def main():
+    torch.set_num_threads(1)
+    hidden = {}
+    with audit_pair(max_num_seqs=16, seed=7) as (url, reference_url, set_fault):
+        urls = {"audited": url, "reference": reference_url}
+        for k, (name, fault) in enumerate(KEY.items()):
+            set_fault(fault)
+            cells = record(urls, CELLS, 300, 2, k)
+            DATA.mkdir(parents=True, exist_ok=True)
+            (DATA / f"{name}.json").write_text(json.dumps({"pair": name, "cells": cells}, indent=1,
+                                                                  ensure_ascii=False) + "\n")
+            print(name, fault, file=sys.stderr)
+        for k, (name, fault) in enumerate(HIDDEN_KEY.items()):
+            set_fault(fault)
+            hidden[name] = {"pair": name, "cells": record(urls, HIDDEN_CELLS, 300, 1, 10 + k)}
+        set_fault(None)
+    (LAB / "hidden_recordings.json").write_text(json.dumps(hidden, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":
+    main()
