@@ -41,6 +41,7 @@ def parse_args(argv=None):
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=150, help="ablation: training steps per head (default 150)")
     ap.add_argument("--windows", type=int, default=96, help="ablation: training windows of 512 tokens (default 96)")
+    ap.add_argument("--features-cache", default=None, help="ablation: a features .pt from `speclab train-eagle`")
     ap.add_argument("--out", default=None, help="JSON output (default: benchmarks/cpu_eagle[_ablation].json)")
     return ap.parse_args(argv)
 
@@ -114,18 +115,22 @@ def ablation(a):
     from speclab.model import load_model
     from speclab.train import encode_texts, read_corpus, shipped_heldout_ids, tiny_pair_path
     target = load_model(tiny_pair_path("target"))
-    split, _ = read_corpus()
-    data = encode_texts(Tokenizer.from_file(str(tiny_pair_path("target") / "tokenizer.json")), split["train"])
     t0 = time.perf_counter()
-    store = extract_features(target, data, a.windows, 512, seed=0)
-    held = extract_features(target, shipped_heldout_ids(), 24, 512, seed=1)
+    if a.features_cache and Path(a.features_cache).is_file():      # the store `speclab train-eagle` saved
+        store, held = torch.load(a.features_cache, weights_only=False)
+        store = {**store, "tokens": store["tokens"][:a.windows], "hidden": store["hidden"][:a.windows]}
+    else:
+        split, _ = read_corpus()
+        data = encode_texts(Tokenizer.from_file(str(tiny_pair_path("target") / "tokenizer.json")), split["train"])
+        store = extract_features(target, data, a.windows, 512, seed=0)
+        held = extract_features(target, shipped_heldout_ids(), 24, 512, seed=1)
     out = {"date": utc_now(), "machine": machine(), "load_before": load_average(), "command": " ".join(sys.argv),
            "feature_seconds": time.perf_counter() - t0, "steps": a.steps, "windows": a.windows, "runs": []}
     n = target.args.num_layers
     for features, layers in (("last", last_layer(n)), ("eagle3", eagle3_layers(n))):
         for ttt in (0, 2):
             head = init_head(target, layers, seed=0)
-            log = train_head(head, target, store, a.steps, ttt_steps=ttt, batch_size=4)
+            log = train_head(head, target, store, a.steps, ttt_steps=ttt, batch_size=4, seq_len=192)
             agree = heldout_agreement(head, target, held, 2)
             out["runs"].append({"features": features, "layers": list(layers), "ttt_steps": ttt,
                                 "train_seconds": log[-1]["seconds"], "heldout_top1": agree})

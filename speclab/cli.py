@@ -624,7 +624,8 @@ def _add_generate(sub):
     gen.add_argument("--target", required=True,
                      help="checkpoint folder, or `tiny` for the shipped pair's 12-layer target")
     how = gen.add_mutually_exclusive_group(required=True)
-    how.add_argument("--draft", help="checkpoint folder with the target's tokenizer, or `tiny` for the shipped draft")
+    how.add_argument("--draft", help="checkpoint folder with the target's tokenizer, `tiny` for the shipped draft, "
+                          "`eagle` for the shipped EAGLE head (Chapter 12) or an EAGLE head's folder")
     how.add_argument("--ngram", type=int, help="draft by n-gram prompt lookup with n-grams up to N")
     _sampling_flags(gen, temperature=1.0, max_tokens=64)
     gen.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="weight dtype (default fp32)")

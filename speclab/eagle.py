@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['HEAD_ARCH', 'EAGLE_NAMES', 'eagle3_layers', 'last_layer', 'EagleHead', 'head_hidden', 'head_logits', 'init_head',
-           'target_hidden', 'extract_features', 'store_features', 'ttt_mask', 'train_head', 'heldout_agreement',
-           'save_head', 'load_head', 'eagle_path', 'is_eagle_head', 'capture_paged', 'draw_drafts', 'EagleDrafter',
-           'head_step_seconds', 'eagle_drafter', 'main']
+           'target_hidden', 'extract_features', 'store_features', 'ttt_mask', 'ttt_attend', 'eagle_losses',
+           'train_head', 'heldout_agreement', 'save_head', 'load_head', 'eagle_path', 'is_eagle_head', 'capture_paged',
+           'draw_drafts', 'EagleDrafter', 'head_step_seconds', 'eagle_drafter', 'main']
 
 # %% ../nbs/12_eagle.ipynb #bf971328
 import argparse
@@ -131,7 +131,39 @@ def ttt_mask(T: int, level: int, device: str | torch.device = "cpu") -> torch.Te
     blocks = [s <= p - level] + [s == p - level + j for j in range(1, level + 1)]
     return torch.cat(blocks, 1)
 
-# %% ../nbs/12_eagle.ipynb #03d8483f
+# %% ../nbs/12_eagle.ipynb #2064766c
+def ttt_attend(saved: list, level: int) -> Attend:
+    "Attention of level `level`: the query sees the trusted level-0 keys and its own chain's keys (saved per level)."
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        saved.append((k, v))
+        keys = torch.cat([kv[0] for kv in saved], 1).transpose(1, 2)
+        values = torch.cat([kv[1] for kv in saved], 1).transpose(1, 2)
+        mask = ttt_mask(q.shape[1], level, q.device)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=True)
+        return o.transpose(1, 2)
+    return attend
+
+def eagle_losses(head: EagleHead, target: Llama, features: torch.Tensor, top: torch.Tensor, tokens: torch.Tensor,
+                 ttt_steps: int = 0) -> tuple[list, list]:
+    """Distillation loss and top-1 agreement per level on windows: level 0 reads the target's features, level k its own
+    hidden state from k steps back (training-time test). features [B, T, f], top [B, T, h], tokens [B, T]."""
+    T = tokens.shape[1] - 1
+    g = head.fc(features[:, :-1])                                     # the feature of position p - 1 ...
+    tok = tokens[:, 1:]                                               # ... joins the token at p
+    with torch.no_grad():
+        teacher = head_logits(target, top[:, 1:])                     # the target's next-token logits at p
+        want = teacher.argmax(-1)
+    cos, sin = rope_cos_sin(head.inv_freq, torch.arange(T, device=tokens.device), g.dtype)
+    saved, losses, agree = [], [], []
+    for level in range(ttt_steps + 1):
+        hidden = head_hidden(head, target, g, tok, cos, sin, ttt_attend(saved, level))
+        logits = head_logits(target, hidden)
+        losses.append(distill_loss(logits[:, level:], teacher[:, level:]))
+        agree.append(float((logits[:, level:].argmax(-1) == want[:, level:]).float().mean()))
+        g = torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], 1)   # position p now reads p - 1's own state
+    return losses, agree
+
+# %% ../nbs/12_eagle.ipynb #9862a5ed
 def train_head(head: EagleHead, target: Llama, store: dict, steps: int, ckpt: str | Path | None = None, *,
                ttt_steps: int = 2, batch_size: int = 8, seq_len: int = 256, lr: float = 2e-3, warmup: int = 30,
                seed: int = 0, progress: bool = True) -> list[dict]:
@@ -197,7 +229,7 @@ def heldout_agreement(head: EagleHead, target: Llama, store: dict, ttt_steps: in
         n += len(feats[sl])
     return (hits / n).tolist()
 
-# %% ../nbs/12_eagle.ipynb #bff25e40
+# %% ../nbs/12_eagle.ipynb #0aa37127
 HEAD_ARCH = "SpeclabEagleHead"
 
 def save_head(head: EagleHead, folder: str | Path, log: dict | None = None) -> None:
@@ -248,7 +280,7 @@ def is_eagle_head(folder: str | Path) -> bool:
     config = Path(folder) / "config.json"
     return config.is_file() and json.loads(config.read_text()).get("architectures") == [HEAD_ARCH]
 
-# %% ../nbs/12_eagle.ipynb #22b25d6e
+# %% ../nbs/12_eagle.ipynb #bdf5bb64
 @torch.no_grad()
 def capture_paged(target: Llama, cache: list[PagedKV], batch: PagedBatch, layers: Sequence[int],
                   logits_indices: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -275,7 +307,7 @@ def draw_drafts(logits: torch.Tensor, batch: list[RequestState], greedy: bool,
     q = request_probs(logits, [r.params for r in batch])
     return draw_tokens(q, [r.params.greedy for r in batch], [r.draft_gen for r in batch]), q
 
-# %% ../nbs/12_eagle.ipynb #2b72f208
+# %% ../nbs/12_eagle.ipynb #3265ac31
 class EagleDrafter:
     "Drafts with an EAGLE head: the target's features of the verified positions in, kappa tokens and q rows out."
     uses_probs = True
@@ -370,7 +402,7 @@ class EagleDrafter:
         order = torch.cat(keys).argsort().to(qs[0].device)
         return drafts, torch.cat(qs)[order]
 
-# %% ../nbs/12_eagle.ipynb #a04c4c88
+# %% ../nbs/12_eagle.ipynb #dc24d7d9
 @torch.no_grad()
 def head_step_seconds(head: EagleHead, target: Llama, context: int = 64, repeats: int = 20) -> float:
     "Fastest of `repeats` head steps at batch 1 (one token after `context` cached ones, through the target's LM head)."
@@ -389,12 +421,12 @@ def head_step_seconds(head: EagleHead, target: Llama, context: int = 64, repeats
         times.append(time.perf_counter() - t0)
     return min(times[1:])
 
-# %% ../nbs/12_eagle.ipynb #42624fb2
+# %% ../nbs/12_eagle.ipynb #422c6358
 def eagle_drafter(target: Llama, folder: str | Path | None = None, greedy: bool = False) -> EagleDrafter:
     "An EagleDrafter with the head in folder (the shipped one for the tiny target when None)."
     return EagleDrafter(load_head(eagle_path() if folder is None else folder, target), target, greedy)
 
-# %% ../nbs/12_eagle.ipynb #90335a17
+# %% ../nbs/12_eagle.ipynb #453af584
 def main(argv: Sequence[str] | None = None) -> dict:
     "speclab train-eagle: the target's features once, then the head distilled with training-time test; saved + log."
     import os
@@ -404,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                                 description="Train an EAGLE-3-style head on the shipped tiny target (Chapter 12).")
     p.add_argument("--out", default="tiny-eagle", help="output folder (a checkpoint there makes a rerun resume)")
     p.add_argument("--target", default=None, help="target checkpoint folder (default: the shipped tiny target)")
-    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--steps", type=int, default=240)
     p.add_argument("--windows", type=int, default=192, help="training windows whose features are stored")
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--heldout-windows", type=int, default=32)
@@ -412,7 +444,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
                    help="eagle3: low, middle and high layers fused; last: the top hidden state alone (EAGLE-1)")
     p.add_argument("--ttt-steps", type=int, default=2, help="levels of training-time test (0: none)")
     p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=192)
+    p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--features-cache", default=None, help="a .pt file: the stored features, reused when present")
