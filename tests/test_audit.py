@@ -9,6 +9,11 @@ see benchmarks/audit_faults.py for the default budget against every fault). A co
 probability at most 0.01 (the level, whatever the plan), so `test_exact_pair_passes` is flaky with that probability.
 """
 import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -91,3 +96,44 @@ def test_planted_fault_is_caught(pair, fault, plan, check, where):
     if check:
         assert check in caught and where in caught[check], (fault, caught)
         assert report["line"].startswith("speclab audit: FAIL: ")
+
+
+def test_unreachable_server_exits_2():
+    "Nothing listens on port 9: exit 2 with one line that says so, after the sender's retries."
+    plan = plan_audit(prompts=DEFAULT_PROMPTS[:2], budget=200, num_law_prompts=1, settings=T1, penalties={},
+                      num_seeds=0, concurrency_n=0)
+    report = run_audit("http://127.0.0.1:9", "http://127.0.0.1:9", plan, progress=False, retries=1, backoff=0.0)
+    assert report["exit_code"] == 2 and "unreachable" in report["line"], report["line"]
+    assert report["line"].startswith("speclab audit: could not run: ")
+
+
+def test_unknown_model_exits_2(pair):
+    url, reference_url, _ = pair
+    plan = plan_audit(prompts=DEFAULT_PROMPTS[:2], budget=200, num_law_prompts=1, settings=T1, penalties={},
+                      num_seeds=0, concurrency_n=0)
+    report = run_audit(url, reference_url, plan, model="no-such-model", progress=False)
+    assert report["exit_code"] == 2 and "404" in report["line"], report["line"]
+
+
+def test_cli_audit_interrupted_writes_what_it_has(pair, tmp_path):
+    "speclab audit as a user runs it: the plan first; Ctrl-C mid-way leaves a JSON report (interrupted) and exit 2."
+    url, reference_url, _ = pair
+    out = tmp_path / "report.json"
+    cmd = [str(Path(sys.executable).parent / "speclab"), "audit", "--url", url, "--reference-url", reference_url,
+           "--budget", "12000", "--out", str(out), "--html", str(tmp_path / "report.html"), "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:                      # the plan is printed before anything is sent
+        lines.append(line)
+        if line.startswith("  (law bounds"):
+            break
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, rest
+    assert "speclab audit plan: 11,984 requests" in lines[0]
+    assert "interrupted after" in rest
+    report = json.loads(out.read_text())
+    assert report["interrupted"] and 0 < report["requests_sent"] < 12_000
+    page = (tmp_path / "report.html").read_text()
+    assert "<script" not in page and "data:image/png;base64," in page
