@@ -1,13 +1,19 @@
 """Chapter 10's Gradescope bundle (`speclab grade --gradescope DIR`), for every lab in labs/*/ with autograder/tests.
 
 The quick tests read the bundle: what the zip holds, what setup.sh and run_autograder say, the frozen versions, and
-the wheel (the checkout's own code, importable). The slow tests run it as Gradescope does: in a private mount
-namespace, a temporary folder is bound over /autograder (source/, submission/, results/); setup.sh builds its virtual
-environment there once for the whole module (pip reaches the package index; this machine's pip finds the local CPU
-torch wheel through its find-links; an `apt-get` that fails is first on PATH, so the host is never changed), and then
-run_autograder, with no network at all, grades the lab's solution (full marks), its blank student notebook (0) and a
-hostile one (the blank notebook plus a cell that forges results.json at once and from a detached process, patches
-doctest's checker and tries to rewrite the grader's code: 0, and the grader's results.json stands).
+the wheel (the checkout's own code, importable). The slow tests run it as Gradescope does. In a private mount
+namespace a temporary folder is bound over /autograder, and setup.sh builds the image's virtual environment there,
+once per test session whatever the xdist workers (a lock in the session's temporary folder): pip reaches the package
+index, this machine's pip finds the local CPU torch wheel through its find-links, and an `apt-get` that fails is first
+on PATH, so the host is never changed. Then each submission gets a fresh /autograder of its own (the bundle in
+source/, the notebook in submission/, the image's environment bound in) and run_autograder grades it with no network
+at all: the lab's solution must earn every point, its blank student notebook none, and a hostile one none (the blank
+notebook plus a cell that patches doctest's checker, forges results.json at once and from a detached process, and
+tries to rewrite the grader's code), with the grader's results.json still in place 5 s later.
+
+What the slow tests leave: an empty /autograder directory on the host (the mount point), and the image (about 2.4 GB)
+under pytest's temporary folder, which pytest removes with its old runs. They skip without root or the sandbox, and
+where /autograder already holds something (a real Gradescope container).
 """
 import fcntl
 import json
@@ -342,7 +348,7 @@ def test_gradescope_scores(lab, case, image, bundles, tmp_path):
     name = next((lab / "autograder").glob("*.ipynb")).name
     results, seconds, log, root = grade_in_image(image, bundles[lab.name], path, name, tmp_path / "run")
     print(f"\n{lab.name} {case}: {results['score']} / {max_score} in {seconds:.0f} s")
-    assert results["practice"] is False and "sandboxed" in results["output"], log[-3000:]
+    assert results.get("practice") is False and "sandboxed" in str(results.get("output")), (results, log[-3000:])
     assert sum(t["max_score"] for t in results["tests"]) == max_score
     if case == "solution":
         assert results["score"] == max_score, log[-3000:]
