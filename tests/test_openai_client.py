@@ -115,7 +115,8 @@ def test_n_and_a_list_of_prompts(client, reference, stream):
 
 def test_logprobs_equal_plain_decoding(client):
     """logprobs: the target's raw log-prob of each emitted token and its top-k, as plain decoding (kappa 0) reports
-    them, to float tolerance; with echo the prompt is scored too (its first token has none)."""
+    them, to float tolerance; with echo the prompt is scored too (its first token has none); streamed, a choice's
+    logprobs come with its last chunk."""
     plain = load_engine(tiny_pair_path("target"), None, kappa=0)
     sp = SamplingParams(temperature=0, max_tokens=8, logprobs=3, frequency_penalty=0.5)
     want = plain.generate([PROMPT], sp)[0]
@@ -135,6 +136,10 @@ def test_logprobs_equal_plain_decoding(client):
     assert c.logprobs.token_logprobs[0] is None and len(c.logprobs.token_logprobs) == n_prompt + len(want.token_ids)
     assert c.logprobs.token_logprobs[n_prompt:] == pytest.approx(lp.token_logprobs, abs=1e-6)
     assert all(x < 0 for x in c.logprobs.token_logprobs[1:n_prompt])
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=3,
+                                            frequency_penalty=0.5, stream=True))
+    last = [ch.choices[0] for ch in chunks if ch.choices and ch.choices[0].finish_reason][0]
+    assert last.logprobs.token_logprobs == pytest.approx(lp.token_logprobs, abs=1e-6)   # streamed: with the last chunk
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
