@@ -739,6 +739,9 @@ def new_request(engine: SpecDecoder, prompt: str | list[int], params: SamplingPa
     ids = prompt_ids(engine, prompt, params)
     eos = getattr(engine.tokenizer, "eos_token_id", None)
     stop_ids = frozenset(params.stop_token_ids) | ({eos} if eos is not None and not params.ignore_eos else set())
+    if params.min_tokens and params.allowed_token_ids is not None and set(params.allowed_token_ids) <= stop_ids:
+        raise ValueError("allowed_token_ids holds only stop tokens (the EOS included) while min_tokens > 0 masks "
+                         "them: no token could be sampled")
     target_gen, draft_gen = _gens(params, engine.gen, engine.device)
     return RequestState(engine.next_id, ids, params, stop_ids, target_gen, draft_gen, on_tokens=on_tokens)
 

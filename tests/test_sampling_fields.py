@@ -314,3 +314,20 @@ def test_triton_backend_applies_the_same_stage():
         eng = SpecDecoder(pair()[0], make_drafter("model"), kappa=KAPPA, backend=backend, seed=5)
         outs[backend] = [o.token_ids for o in eng.generate([PROMPT] * len(params), params)]
     assert outs["torch"] == outs["triton"]
+
+
+def test_bad_field_values_fail_alone():
+    "Bad values raise naming the field; a request whose rows would be all -inf is refused, and fails alone in a batch."
+    bad_values = [(dict(presence_penalty=2.5), "presence_penalty"), (dict(repetition_penalty=0.0), "repetition_penalty"),
+                  (dict(min_p=-0.1), "min_p"), (dict(min_tokens=9, max_tokens=4), "min_tokens"),
+                  (dict(logit_bias={1: 101}), "logit_bias"), (dict(logit_bias={-1: 1}), "logit_bias"),
+                  (dict(allowed_token_ids=[]), "allowed_token_ids"), (dict(logprobs=21), "logprobs")]
+    for bad, word in bad_values:
+        with pytest.raises(ValueError, match=word):
+            SamplingParams(**bad)
+    eng = SpecDecoder(pair()[0], make_drafter("model"), kappa=KAPPA)
+    empty = SamplingParams(max_tokens=4, min_tokens=2, stop_token_ids=(3,), allowed_token_ids=(3,))
+    outs = eng.generate([PROMPT] * 3, [sampled("mixed"), empty, SamplingParams(max_tokens=4, logit_bias={V: 1.0})])
+    assert outs[0].error is None and len(outs[0].token_ids) >= 1
+    assert outs[1].finish_reason == "error" and "allowed_token_ids" in outs[1].error
+    assert outs[2].finish_reason == "error" and "logit_bias" in outs[2].error
