@@ -318,7 +318,8 @@ def test_triton_backend_applies_the_same_stage():
 
 def test_bad_field_values_fail_alone():
     "Bad values raise naming the field; a request whose rows would be all -inf is refused, and fails alone in a batch."
-    bad_values = [(dict(presence_penalty=2.5), "presence_penalty"), (dict(repetition_penalty=0.0), "repetition_penalty"),
+    bad_values = [(dict(presence_penalty=2.5), "presence_penalty"),
+                  (dict(repetition_penalty=0.0), "repetition_penalty"),
                   (dict(min_p=-0.1), "min_p"), (dict(min_tokens=9, max_tokens=4), "min_tokens"),
                   (dict(logit_bias={1: 101}), "logit_bias"), (dict(logit_bias={-1: 1}), "logit_bias"),
                   (dict(allowed_token_ids=[]), "allowed_token_ids"), (dict(logprobs=21), "logprobs")]
