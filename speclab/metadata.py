@@ -231,7 +231,7 @@ def rows_at_positions(processors: ProcessorRows, metadata: SpecDecodeMetadata) -
     owner = torch.repeat_interleave(torch.arange(len(n)), n + 1)
     position = torch.arange(len(owner)) - torch.repeat_interleave(torch.cumsum(n + 1, 0) - (n + 1), n + 1)
     rows = {f.name: getattr(processors, f.name) for f in fields(ProcessorRows)}
-    rows = {k: None if x is None else x[owner.to(x.device)] for k, x in rows.items()}
+    rows = {k: None if x is None or k == "output_counts" else x[owner.to(x.device)] for k, x in rows.items()}
     if processors.output_counts is not None:
         rows["output_counts"] = position_counts(processors.output_counts, metadata.draft_token_ids, n)
     if processors.num_generated is not None:
