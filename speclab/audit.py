@@ -614,20 +614,21 @@ def run_audit(url: str, reference_url: str, plan: AuditPlan | None = None, model
                           concurrency=plan.concurrency, cells=[asdict(c) for c in plan.cells]),
                 notes=skipped_notes(plan, col), checks=checks, tests=[asdict(t) for t in tests])
 
-# %% ../nbs/13_audit.ipynb #ef03952b
+# %% ../nbs/13_audit.ipynb #96ab06f0
 def audit_figure(report: dict) -> Any:
-    "Two panels: every test's Holm-adjusted p-value against the level; the worst cell's bins, side by side."
+    "Two panels: every test's p-value against Holm's first threshold; the worst cell's bins, side by side."
     import matplotlib.pyplot as plt
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw=dict(width_ratios=[3, 2]))
     tests = report["tests"]
     for k, check in enumerate(CHECKS):
         xs = [i for i, t in enumerate(tests) if t["check"] == check]
-        ys = [-np.log10(max(tests[i]["adjusted"], 1e-300)) for i in xs]
+        ys = [-np.log10(max(tests[i]["p_value"], 1e-300)) for i in xs]
         if xs:
             ax.bar(xs, ys, color=f"C{k}", label=check)
-    ax.axhline(-np.log10(report["level"]), color="k", ls="--", lw=1, label=f"level {report['level']:g}")
+    m = max(1, len(tests))
+    ax.axhline(-np.log10(report["level"] / m), color="k", ls="--", lw=1, label=f"level / {m} (Holm's first step)")
     ax.set_xlabel("test (one per cell or comparison)")
-    ax.set_ylabel("-log10 Holm-adjusted p-value")
+    ax.set_ylabel("-log10 p-value (before correction)")
     ax.legend(fontsize=7, ncol=2)
     failed = [c for c in report["checks"] if "worst" in c]
     worst = min(failed, key=lambda c: c["adjusted_p"]) if failed else None
@@ -709,7 +710,7 @@ def write_report(report: dict, out: str | Path | None = None, html_out: str | Pa
     if html_out is not None:
         Path(html_out).write_text(report_html(report))
 
-# %% ../nbs/13_audit.ipynb #17796b5b
+# %% ../nbs/13_audit.ipynb #8e29e885
 def lab09_recording(name: str) -> dict:
     "Lab 09's recorded samples `name` (pair_1 ... pair_4), shipped with speclab: {'pair': name, 'cells': [...]}."
     from importlib.resources import files
