@@ -61,3 +61,27 @@ def test_ci_profile_is_derandomized():
     if os.environ.get("CI") and not os.environ.get("SPECLAB_HYPOTHESIS_PROFILE"):
         assert hypothesis.settings.default.derandomize
     assert "export CI=true" in (TESTS.parent / ".ci" / "run").read_text()
+
+
+GROUPED = '''
+import os, pytest
+
+@pytest.mark.xdist_group("one")
+@pytest.mark.parametrize("i", range(6))
+def test_grouped(i):
+    with open(os.environ["WORKERS_LOG"], "a") as f:
+        f.write(os.environ.get("PYTEST_XDIST_WORKER", "none") + "\\n")
+'''
+
+
+def test_xdist_groups_share_a_worker(tmp_path):
+    """--dist loadgroup sends an xdist_group to one worker: the engine's law cells and the modules with costly
+    fixtures rely on it (pytest 9 with pytest-xdist 3.8 silently groups nothing, hence the pin pytest<9)."""
+    (tmp_path / "test_grouped.py").write_text(GROUPED)
+    log = tmp_path / "workers.log"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist",
+                        "loadgroup", "test_grouped.py"], cwd=tmp_path, env={**os.environ, "WORKERS_LOG": str(log)},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    workers = log.read_text().split()
+    assert len(workers) == 6 and len(set(workers)) == 1, workers
