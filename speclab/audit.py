@@ -31,11 +31,11 @@ from scipy import stats
 
 from .proof import detectable_tv
 
-# %% ../nbs/13_audit.ipynb #8505cd38
+# %% ../nbs/13_audit.ipynb #ef368218
 AUDIT_POWER = 0.99           # each stated bias bound is flagged with at least this probability
 MIN_COUNT = 10               # an outcome seen fewer times by both servers together is pooled (5 each on average)
 MAX_BINS = 12                # at most this many bins per cell after pooling (the rest joins the shortest prefix, "")
-DEFAULT_PROMPTS = ("raise ValueError(", "with open(", "In 1492,", "if __name__ ==", "# Copyright", "Once upon a time",
+DEFAULT_PROMPTS = ("raise ValueError(", "with open(", "# Copyright", "if __name__ ==", "In 1492,", "Once upon a time",
                    "for i in range(", "import numpy as", "def main():\n    ", "The capital of France is",
                    "    return self.", "class Node:\n    def", "Hello, my name is", "x = [1, 2, 3]\nprint(",
                    "It was a dark and stormy", "from typing import", "    def __init__(self,", "The quick brown fox",
@@ -88,7 +88,7 @@ class AuditPlan:
         "The level each test gets in the power statement (Bonferroni: Holm's first, hardest threshold)."
         return self.level / self.num_tests
 
-# %% ../nbs/13_audit.ipynb #cce87ee8
+# %% ../nbs/13_audit.ipynb #9690c1ab
 def pool_outcomes(a: Sequence[str], b: Sequence[str], min_count: int = MIN_COUNT,
                   max_bins: int = MAX_BINS) -> dict[str, str]:
     "Each outcome's bin: a rare one joins its longest prefix seen >= min_count times (both samples together)."
@@ -163,7 +163,7 @@ def holm(p_values: Sequence[float]) -> list[float]:
         adjusted[i] = running
     return adjusted
 
-# %% ../nbs/13_audit.ipynb #fa70d404
+# %% ../nbs/13_audit.ipynb #3a2a88f9
 def _split(total: int, parts: int) -> int:
     "Requests per server per cell when `total` requests go to `parts` cells, half to each server."
     return max(0, total // (2 * parts)) if parts else 0
@@ -207,7 +207,7 @@ def plan_audit(prompts: Sequence[str] = DEFAULT_PROMPTS, budget: int = 12_000, l
                          f"{budget - rest + 40 * len(cells)}")
     return plan
 
-# %% ../nbs/13_audit.ipynb #0cb7edb4
+# %% ../nbs/13_audit.ipynb #d4422bb1
 def two_sample_bound(n_a: int, n_b: int, num_bins: int, level: float, power: float = AUDIT_POWER) -> float:
     "Smallest TV distance between two binned laws that a chi-square test on n_a and n_b draws flags w.p. >= power."
     if min(n_a, n_b) < 1:
@@ -263,7 +263,7 @@ def format_plan(plan: AuditPlan) -> str:
                  f"into their longest prefix seen >= {MIN_COUNT} times)")
     return "\n".join(lines)
 
-# %% ../nbs/13_audit.ipynb #a6d17b88
+# %% ../nbs/13_audit.ipynb #eb463cf1
 class AuditError(Exception):
     "The audit could not run (exit 2): a server unreachable or failing, a basic field refused, different models."
 
@@ -337,7 +337,7 @@ def _text(r: httpx.Response, url: str) -> str:
     except (ValueError, KeyError, IndexError, TypeError):
         raise AuditError(f"{url} answered 200 without choices[0].text: {r.text[:200]!r}") from None
 
-# %% ../nbs/13_audit.ipynb #6ee13ee3
+# %% ../nbs/13_audit.ipynb #b0d0f602
 SEED_TOKENS = 8
 
 @dataclass
@@ -375,7 +375,7 @@ def needed_fields(fields: dict) -> set:
     "The optional fields a request uses (the ones a server may refuse)."
     return set(fields) & set(OPTIONAL_FIELDS)
 
-# %% ../nbs/13_audit.ipynb #da0c4b81
+# %% ../nbs/13_audit.ipynb #8e2be225
 async def probe(client: httpx.AsyncClient, urls: dict, model: str, sender: Sender, col: Collected) -> None:
     "One plain request to each server (a refusal is fatal), then one per optional field (a refusal is noted)."
     for server, url in urls.items():
@@ -452,7 +452,7 @@ async def collect(urls: dict, plan: AuditPlan, model: str | None, sender: Sender
         await _jobs(jobs, urls, plan.concurrency, client, sender, progress)
         await asyncio.gather(*[_jobs(sequential[s], {s: urls[s]}, 1, client, sender, progress) for s in urls])
 
-# %% ../nbs/13_audit.ipynb #670188e3
+# %% ../nbs/13_audit.ipynb #520d9104
 CHECKS = ("laws", "penalties", "concurrency", "seeds", "greedy")
 
 def _done(texts: list | None) -> list:
@@ -522,7 +522,7 @@ def greedy_tests(plan: AuditPlan, col: Collected) -> list[TestResult]:
     return [_rate_result("greedy", "exact match with the reference", x_a, len(keys), x_b, len(keys), "less",
                          ("exact match", "mismatch"), rate_bound(len(keys), plan.test_level))]
 
-# %% ../nbs/13_audit.ipynb #701e8560
+# %% ../nbs/13_audit.ipynb #6d21a822
 def skipped_notes(plan: AuditPlan, col: Collected) -> list[str]:
     "One line per check or cell left out because a server refused a field it needs."
     notes = []
@@ -566,7 +566,7 @@ def verdict_line(checks: list[dict], level: float, num_tests: int, sent: int, el
     return 0, (f"speclab audit: PASS: no evidence of a difference in {num_tests} tests at level {level:g} "
                f"({sent:,} requests, {elapsed:.0f} s)")
 
-# %% ../nbs/13_audit.ipynb #658aca02
+# %% ../nbs/13_audit.ipynb #31f5c38d
 def _run(coro_fn: Callable[[], Any]) -> None:
     "Run a coroutine to completion from sync code, in a fresh thread when this one already runs an event loop."
     try:
@@ -614,7 +614,7 @@ def run_audit(url: str, reference_url: str, plan: AuditPlan | None = None, model
                           concurrency=plan.concurrency, cells=[asdict(c) for c in plan.cells]),
                 notes=skipped_notes(plan, col), checks=checks, tests=[asdict(t) for t in tests])
 
-# %% ../nbs/13_audit.ipynb #96ab06f0
+# %% ../nbs/13_audit.ipynb #911e5551
 def audit_figure(report: dict) -> Any:
     "Two panels: every test's p-value against Holm's first threshold; the worst cell's bins, side by side."
     import matplotlib.pyplot as plt
@@ -710,7 +710,7 @@ def write_report(report: dict, out: str | Path | None = None, html_out: str | Pa
     if html_out is not None:
         Path(html_out).write_text(report_html(report))
 
-# %% ../nbs/13_audit.ipynb #8e29e885
+# %% ../nbs/13_audit.ipynb #c864069d
 def lab09_recording(name: str) -> dict:
     "Lab 09's recorded samples `name` (pair_1 ... pair_4), shipped with speclab: {'pair': name, 'cells': [...]}."
     from importlib.resources import files
