@@ -434,13 +434,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
           f"--temp {args.temp}, --output-len {args.output_len}, batch sizes {args.batch_sizes}, {mode}, "
           f"{args.threads} torch thread(s)\n")
     with user_input("sweep"):
-        rows = sweep_tiny_pair(args.batch_sizes, args.num_spec_tokens, args.method, args.temp, args.output_len,
-                               args.num_prompts, args.synthetic, args.repeats, args.seed, args.threads, args.progress)
+        sweep_fn = sweep_tiny_pair
+        if args.method in ("eagle", "eagle3"):
+            from speclab.eagle import sweep_eagle
+            sweep_fn = lambda *a: sweep_eagle(a[0], a[1], *a[3:])   # no method argument: one head
+        rows = sweep_fn(args.batch_sizes, args.num_spec_tokens, args.method, args.temp, args.output_len,
+                        args.num_prompts, args.synthetic, args.repeats, args.seed, args.threads, args.progress)
     _print_rows(rows, args.print_output)
     target = load_model(tiny_pair_path("target"))
     with torch_threads(args.threads):
         t_star = measure_roofline(target).t_star
         draft_s = 0.0 if args.method == "ngram" else step_seconds(load_model(tiny_pair_path("draft")), 1)
+        if args.method in ("eagle", "eagle3"):
+            from speclab.eagle import eagle_drafter, head_step_seconds
+            draft_s = head_step_seconds(eagle_drafter(target).head, target)
         c = draft_s / step_seconds(target, 1)
     predicted = crossing_batch(rows[0]["alpha_hat"], args.num_spec_tokens, c, t_star)
     measured = measured_crossing([r["batch"] for r in rows], [r["speedup"] for r in rows])
@@ -645,8 +652,9 @@ def _add_demo(sub):
 
 def _add_sweep(sub):
     sw = sub.add_parser("sweep", help="Lab 08: speculative vs plain decoding across batch sizes, and the crossing")
-    sw.add_argument("--method", choices=["draft_model", "ngram"], default="draft_model",
-                    help="drafter: the shipped draft model or n-gram prompt lookup (default draft_model)")
+    sw.add_argument("--method", choices=["draft_model", "ngram", "eagle", "eagle3"], default="draft_model",
+                    help="drafter: the shipped draft model, n-gram prompt lookup or the shipped EAGLE head "
+                         "(eagle, eagle3: Chapter 12) (default draft_model)")
     sw.add_argument("--num-spec-tokens", type=int, default=3, help="kappa, drafted tokens per step (default 3)")
     sw.add_argument("--temp", type=float, default=0.0, help="temperature (default 0: greedy)")
     sw.add_argument("--output-len", type=int, default=32, help="new tokens per request (default 32)")

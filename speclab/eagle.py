@@ -6,7 +6,7 @@
 __all__ = ['HEAD_ARCH', 'EAGLE_NAMES', 'eagle3_layers', 'last_layer', 'EagleHead', 'head_hidden', 'head_logits', 'init_head',
            'target_hidden', 'extract_features', 'store_features', 'ttt_mask', 'ttt_attend', 'eagle_losses',
            'train_head', 'heldout_agreement', 'save_head', 'load_head', 'eagle_path', 'is_eagle_head', 'capture_paged',
-           'draw_drafts', 'EagleDrafter', 'head_step_seconds', 'eagle_drafter', 'main']
+           'draw_drafts', 'EagleDrafter', 'head_step_seconds', 'eagle_drafter', 'sweep_eagle', 'main']
 
 # %% ../nbs/12_eagle.ipynb #bf971328
 import argparse
@@ -425,6 +425,26 @@ def head_step_seconds(head: EagleHead, target: Llama, context: int = 64, repeats
 def eagle_drafter(target: Llama, folder: str | Path | None = None, greedy: bool = False) -> EagleDrafter:
     "An EagleDrafter with the head in folder (the shipped one for the tiny target when None)."
     return EagleDrafter(load_head(eagle_path() if folder is None else folder, target), target, greedy)
+
+# %% ../nbs/12_eagle.ipynb #e12sweep2
+def sweep_eagle(batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), kappa: int = 3, temperature: float = 0.0,
+                output_len: int = 32, num_prompts: int = 16, synthetic: bool = False, repeats: int = 2, seed: int = 0,
+                threads: int | None = 1, progress: bool = True) -> list:
+    "Chapter 9's sweep on the shipped tiny target with the shipped EAGLE head (rows named 'eagle3', vLLM's method)."
+    from speclab.acceptance import measure_point, sweep, sweep_prompts, torch_threads
+    from speclab.engine import SamplingParams
+    from speclab.model import load_tokenizer
+    tokenizer = load_tokenizer(tiny_pair_path("target"))
+    target = load_model(tiny_pair_path("target"))
+    drafter = eagle_drafter(target)
+    prompts = sweep_prompts(num_prompts)
+    params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True)
+    with torch_threads(threads):
+        rates = None
+        if synthetic:
+            rates = measure_point(target, drafter, prompts, 1, params, kappa, tokenizer, seed=seed)["r"]
+        return sweep(target, {"eagle3": drafter}, prompts, batch_sizes, (kappa,), (temperature,), (output_len,),
+                     tokenizer, rates, repeats, seed, progress)
 
 # %% ../nbs/12_eagle.ipynb #453af584
 def main(argv: Sequence[str] | None = None) -> dict:

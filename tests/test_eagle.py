@@ -273,3 +273,13 @@ def test_cli_train_eagle_help(capsys):
         main(["train-eagle", "--help"])
     assert e.value.code == 0
     assert "--ttt-steps" in capsys.readouterr().out
+
+
+def test_cli_sweep_with_the_head(capsys):
+    "Lab 08's sweep runs with `--method eagle3` (vLLM's name): rows for the head, metrics lines and the crossing."
+    from speclab.cli import main
+    argv = ["sweep", "--method", "eagle3", "--batch-sizes", "1,2", "--output-len", "8", "--num-prompts", "2",
+            "--repeats", "1", "--no-progress"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "--method eagle3" in out and "crossing (speedup = 1)" in out and "Chapter 2 predicts" in out
