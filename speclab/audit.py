@@ -710,7 +710,7 @@ def write_report(report: dict, out: str | Path | None = None, html_out: str | Pa
     if html_out is not None:
         Path(html_out).write_text(report_html(report))
 
-# %% ../nbs/13_audit.ipynb #c864069d
+# %% ../nbs/13_audit.ipynb #9905d542
 def lab09_recording(name: str) -> dict:
     "Lab 09's recorded samples `name` (pair_1 ... pair_4), shipped with speclab: {'pair': name, 'cells': [...]}."
     from importlib.resources import files
