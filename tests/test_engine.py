@@ -56,7 +56,6 @@ GROUPS = [(0.7, 0), (0.7, 3), (1.0, 0), (1.0, 3)]       # (temperature, top_k), 
 KAPPAS, DRAFTERS = [1, 3, 5], ["model", "ngram"]
 TV_JOINT = float(os.environ.get("SPECLAB_ENGINE_TV", 0.02))  # the TV bias each law test flags w.p. POWER
 N_TRITON = 300                                          # unseeded requests the triton engine must reproduce exactly
-N_LAW = 100_000     # only for tests/test_eagle.py, until it sizes its law test by law_sizes() as the grid does
 CALL = 25_000                                           # sampled requests per generate call
 GREEDY_EVERY = 16                                       # plus one greedy request per 16 sampled ones
 PARITY = 6                                              # requests per setting in each triton = torch comparison
