@@ -35,6 +35,8 @@ from packaging.utils import canonicalize_name
 from speclab.grading import (RUN_AUTOGRADER, build_wheel, frozen_requirements, load_lab, sandbox_problem,
                              write_gradescope)
 
+pytestmark = pytest.mark.xdist_group("gradescope")   # one worker: its module fixtures are built once
+
 ROOT = Path(__file__).resolve().parent.parent
 LABS = sorted(p for p in (ROOT / "labs").glob("*/") if (p / "autograder" / "tests").is_dir())
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.xdist_group("lab09")   # one worker: its module fixtures are built once
+
 ROOT = Path(__file__).resolve().parent.parent
 LAB = ROOT / "labs" / "09_audit"
 MASTER, STUDENT, AUTOGRADER = LAB / "audit.ipynb", LAB / "student", LAB / "autograder"

@@ -7,6 +7,8 @@ engine on the same pair, greedy, so the comparison is token for token).
 """
 import pytest
 
+pytestmark = pytest.mark.xdist_group("openai_client")   # one worker: its module fixtures are built once
+
 openai = pytest.importorskip("openai")
 
 from speclab.engine import SamplingParams

@@ -24,6 +24,8 @@ from speclab.engine import SamplingParams
 from speclab.serve import EngineLoop, ServerThread, build_app, load_engine
 from speclab.train import tiny_pair_path
 
+pytestmark = pytest.mark.xdist_group("serve")   # one worker: its module fixtures are built once
+
 ROOT = Path(__file__).resolve().parent.parent
 SPECLAB = Path(sys.executable).parent / "speclab"
 MODEL = "speclab-tiny"
