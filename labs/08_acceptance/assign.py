@@ -4,115 +4,15 @@
     python labs/08_acceptance/assign.py --execute    # first re-run the master to refresh its test cells' outputs
     python labs/08_acceptance/assign.py --out DIR    # write DIR/student and DIR/autograder instead (used by the tests)
 
-otter assign (otter-grader 7.0.0, the `instructor` extra) reads each test's expected output from the output the
-master holds in that test cell, so the master is committed with outputs in its test cells only; `--execute`
-refreshes them (it runs the whole lab, sweep included: a few minutes). The master's config turns off everything
-that needs a network, LaTeX or a clock (no PDF, no Gradescope zip, no export cell, no test run), and this script
-then rewrites what otter leaves random: the ids of the cells it adds (init and check cells) become hashes of their
-neighbours, so a rerun gives no diff.
+The work is the same for every lab: labs/lab_assign.py (what otter assign needs, and what is made deterministic).
 """
-import argparse
-import hashlib
-import json
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-LAB = Path(__file__).resolve().parent
-MASTER = LAB / "acceptance.ipynb"
-OUTPUTS = ("student", "autograder")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from lab_assign import assign, execute_master, main, normalise_master, test_cell_indices  # noqa: E402,F401
 
-
-def test_cell_indices(nb) -> set:
-    "Indices of the code cells between `# BEGIN TESTS` and `# END TESTS` raw cells (their outputs are the expected values)."
-    inside, idx = False, set()
-    for i, c in enumerate(nb["cells"]):
-        src = "".join(c["source"]).strip().upper()
-        if c["cell_type"] == "raw" and src.startswith("# BEGIN TESTS"): inside = True
-        elif c["cell_type"] == "raw" and src.startswith("# END TESTS"): inside = False
-        elif inside and c["cell_type"] == "code": idx.add(i)
-    return idx
-
-
-def _plain(output):
-    "Keep only what a doctest compares: stream text and the text/plain repr (no counters, no images)."
-    if output["output_type"] == "stream": return {"name": output["name"], "output_type": "stream", "text": output["text"]}
-    if output["output_type"] in ("execute_result", "display_data") and "text/plain" in output.get("data", {}):
-        return {"data": {"text/plain": output["data"]["text/plain"]}, "execution_count": None, "metadata": {},
-                "output_type": "execute_result"}
-    if output["output_type"] == "error": raise RuntimeError(f"a test cell raised: {output['ename']}: {output['evalue']}")
-    return None
-
-
-def normalise_master(nb):
-    "Outputs only in test cells (text only), no execution counts, no timing or widget metadata, no Python version."
-    tests = test_cell_indices(nb)
-    nb["metadata"] = {"kernelspec": nb["metadata"].get("kernelspec", {}), "language_info": {"name": "python"}}
-    for i, c in enumerate(nb["cells"]):
-        c["metadata"].pop("execution", None)
-        if c["cell_type"] != "code": continue
-        c["execution_count"] = None
-        c["outputs"] = [o for o in map(_plain, c["outputs"]) if o is not None] if i in tests else []
-    return nb
-
-
-def write_nb(nb, path: Path):
-    "nbformat's own layout (indent 1, sorted keys, trailing newline), so Jupyter and nbdev_clean leave it alone."
-    path.write_text(json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def execute_master(timeout=1800):
-    "Run the master top to bottom in a Jupyter kernel (working directory: the lab folder), then normalise it."
-    import nbformat
-    from nbclient import NotebookClient
-    nb = nbformat.read(MASTER, as_version=4)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(LAB)}}).execute()
-    write_nb(normalise_master(json.loads(nbformat.writes(nb))), MASTER)
-
-
-def stable_ids(nb, master_ids):
-    "Cells otter adds get random ids; give each a hash of the previous cell's id and its own source instead."
-    prev = "start"
-    for c in nb["cells"]:
-        if c.get("id") not in master_ids:
-            c["id"] = hashlib.sha1(f"{prev}\n{''.join(c['source'])}".encode()).hexdigest()[:8]
-        prev = c["id"]
-    return nb
-
-
-def assign(out: Path):
-    "otter assign MASTER into a scratch folder, make it deterministic, then replace out/student and out/autograder."
-    master = json.loads(MASTER.read_text(encoding="utf-8"))
-    master_ids = {c.get("id") for c in master["cells"]}
-    with tempfile.TemporaryDirectory() as tmp:
-        res = Path(tmp) / "result"
-        r = subprocess.run([sys.executable, "-m", "otter", "assign", str(MASTER), str(res)],
-                           capture_output=True, text=True, cwd=LAB)
-        if r.returncode != 0: sys.exit(f"otter assign failed:\n{r.stdout}\n{r.stderr}")
-        for nb_path in res.glob("*/*.ipynb"):
-            nb = stable_ids(json.loads(nb_path.read_text(encoding="utf-8")), master_ids)
-            if nb_path.parent.name == "student":
-                for c in nb["cells"]:
-                    if c["cell_type"] == "code": c["outputs"], c["execution_count"] = [], None
-            write_nb(nb, nb_path)
-        out.mkdir(parents=True, exist_ok=True)
-        for name in OUTPUTS:
-            if (out / name).exists(): shutil.rmtree(out / name)
-            shutil.copytree(res / name, out / name)
-    return [out / name for name in OUTPUTS]
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--execute", action="store_true", help="re-run the master first (refreshes the expected outputs)")
-    ap.add_argument("--out", type=Path, default=LAB, help="where student/ and autograder/ go (default: the lab folder)")
-    a = ap.parse_args(argv)
-    if a.execute: execute_master()
-    for d in assign(a.out.resolve()):
-        print(f"wrote {d}: " + ", ".join(sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())))
-
+MASTER = Path(__file__).resolve().parent / "acceptance.ipynb"
 
 if __name__ == "__main__":
-    main()
+    main(MASTER)
