@@ -229,9 +229,11 @@ def run_loop(lp: EngineLoop) -> None:
                     run_command(lp, command)
                 if STOP in commands:             # after the others: what they added is failed just below
                     break
-                if lp.engine.has_unfinished() and lp.error is None:
-                    step_once(lp)
-                publish(lp)
+                busy = lp.engine.has_unfinished() and lp.error is None
+                events = step_once(lp) if busy else []
+                publish(lp)                      # before the events: a client that got its reply sees its counts
+                for stream, event in events:
+                    stream.put(event)
     except BaseException as e:               # a bug in this loop itself: say so, fail everyone, end the thread
         _log.exception("speclab serve: the engine thread failed")
         lp.error = reason = f"the engine thread failed: {type(e).__name__}: {e}"
@@ -304,19 +306,20 @@ def close_all(lp: EngineLoop, message: str, status: int = 503) -> None:
             fut.set_exception(EngineError(message))
 
 # %% ../nbs/11_serve.ipynb #d1a17d25
-def step_once(lp: EngineLoop) -> None:
-    "One engine step and its delivery; an exception fails the open requests (HTTP 500), is logged, and we go on."
+def step_once(lp: EngineLoop) -> list[tuple[Stream, tuple]]:
+    "One engine step and the events it owes the handlers; an exception fails the open requests (HTTP 500), is logged."
     try:
-        deliver(lp, lp.engine.step())
+        return deliver(lp, lp.engine.step())
     except Exception as e:
         _log.exception("speclab serve: an engine step failed; failing %d open request(s)", len(lp.requests))
         close_all(lp, f"the engine failed: {type(e).__name__}: {e}", status=500)
         if lp.engine.has_unfinished():          # requests we could not abort: this engine cannot go on
             lp.error = f"the engine failed and could not recover: {type(e).__name__}: {e}"
+        return []
 
-def deliver(lp: EngineLoop, outputs: list[StepOutput]) -> None:
-    "Count each request's new tokens, stream its new text, and send the finished ones their completion."
-    now, s, tok = time.perf_counter(), lp.stats, lp.engine.tokenizer
+def deliver(lp: EngineLoop, outputs: list[StepOutput]) -> list[tuple[Stream, tuple]]:
+    "Count each request's new tokens; the events to send: new text to streams, completions to the finished."
+    now, s, tok, events = time.perf_counter(), lp.stats, lp.engine.tokenizer, []
     for out in outputs:
         t = lp.requests.get(out.req_id)
         if t is None:
@@ -329,14 +332,15 @@ def deliver(lp: EngineLoop, outputs: list[StepOutput]) -> None:
         if out.finished is None:
             text = visible_text(t.token_ids, t.params, t.stop_ids, tok) if t.stream.deltas else ""
             if len(text) > len(t.sent):
-                t.stream.put(("delta", text[len(t.sent):]))
+                events.append((t.stream, ("delta", text[len(t.sent):])))
                 t.sent = text
             continue
         del lp.requests[out.req_id]
         done = out.finished
         s.request_success[done.finish_reason] = s.request_success.get(done.finish_reason, 0) + 1
         s.e2e.observe(now - t.arrival)
-        t.stream.put(("done", done.text[len(t.sent):], done))
+        events.append((t.stream, ("done", done.text[len(t.sent):], done)))
+    return events
 
 def publish(lp: EngineLoop) -> None:
     "Copy the counters for /metrics: one consistent reading between two steps, swapped in whole."

@@ -223,26 +223,54 @@ def test_failed_step_fails_its_requests_only(client, server):
     assert complete(client, prompt="x", max_tokens=3)["usage"]["completion_tokens"] == 3
 
 
+def hold_until_a_command(lp, timeout=60):
+    """Make the engine wait, once a request has tokens, until a handler sends a command (an abort), bounded.
+
+    Without it a fast engine finishes the whole request before a slow client hangs up, and the test would pass
+    without a disconnect ever reaching the engine. The held step runs afterwards; the hold then removes itself."""
+    def install(engine):
+        def held_step():
+            if any(t.token_ids for t in lp.requests.values()):
+                deadline = time.monotonic() + timeout
+                while lp.commands.empty() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                del engine.step                  # the class's own step again from here on
+            return type(engine).step(engine)
+        engine.step = held_step
+    lp.call(install).result(timeout=timeout)
+
+
+def aborted(client) -> float:
+    "vllm:request_success_total{finished_reason='abort'} as /metrics reads now."
+    families = text_string_to_metric_families(client.get("/metrics").text)
+    return sum(s.value for f in families for s in f.samples
+               if s.name == "vllm:request_success_total" and s.labels.get("finished_reason") == "abort")
+
+
 def test_stream_disconnect_frees_blocks(client, server):
-    lp = server[1]
+    "A streamed request whose client hangs up mid-stream is aborted: counted as such, every block free again."
+    lp, before = server[1], aborted(client)
+    hold_until_a_command(lp)
     with client.stream("POST", "/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 400, "stream": True,
                                                         "ignore_eos": True}) as r:
         first = next(line for line in r.iter_lines() if line.startswith("data: "))
         assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
-        assert lp.call(lambda e: e.has_unfinished()).result(timeout=60)
+        assert len(lp.requests) == 1                     # held: it cannot finish before we hang up
     unfinished, free, total, tracked = idle_and_free(lp)
     assert (unfinished, free, tracked) == (False, total, 0)
-    assert samples(client)["vllm:request_success_total"] >= 1
+    assert aborted(client) == before + 1
 
 
-def test_plain_disconnect_frees_blocks(server):
+def test_plain_disconnect_frees_blocks(client, server):
     "A non-streamed request whose client gives up (a read timeout closes the connection) is aborted too."
-    url, lp = server
+    (url, lp), before = server, aborted(client)
+    hold_until_a_command(lp)
     with httpx.Client(base_url=url, timeout=httpx.Timeout(120, read=1.0)) as impatient:
         with pytest.raises(httpx.ReadTimeout):
             impatient.post("/v1/completions", json={"prompt": PROMPTS[1], "max_tokens": 450, "ignore_eos": True})
     unfinished, free, total, tracked = idle_and_free(lp)
     assert (unfinished, free, tracked) == (False, total, 0)
+    assert aborted(client) == before + 1
 
 
 def test_late_request_joins_the_batch(client, server):
