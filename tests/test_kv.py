@@ -1,7 +1,7 @@
 """Fuzz tests of speclab.kv: random workloads over several requests (add with shared prompt prefixes, speculative
 steps with kappa 0..4 and any accepted count, reservations of lookahead slots, preempt, finish), with every invariant
-checked after every operation. speclab's policy must never violate one; the two buggy policies must be caught by the
-same checks. The chapter's own seeded fuzzer (`fuzz_invariants`, `shrink_ops`) is tested on the chapter's bugs and
+checked after every operation. The production BlockManager must never violate one; the two planted subclasses (BuggyPrefixManager,
+BuggyWindowManager) must be caught by the same checks. The chapter's own seeded fuzzer (`fuzz_invariants`, `shrink_ops`) is tested on the chapter's bugs and
 two planted here. The reservation API (`blocks_needed`, `reserve`), the prefix-cache switch and an engine-style
 scheduler loop (admit only if the reservation fits, preempt when it does not) are tested at the end."""
 import random
@@ -12,8 +12,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, find, given, settings, strategies as st
 
-from speclab.kv import (FREED, BlockManager, PagedKV, check_invariants, committed_attention, fuzz_invariants,
+from speclab.kv import (FREED, ROOT_HASH, BlockManager, BuggyPrefixManager, BuggyWindowManager, FreeBlockQueue,
+                        PagedKV, block_hash, check_invariants, committed_attention, fuzz_invariants, hash_chain,
                         random_ops, replay, scratch_attention, shrink_ops, toy_kv, toy_step, window)
+import speclab.kv as kv_module
 from speclab.sampling import PLACEHOLDER_TOKEN_ID
 
 PREFIX = list(range(1, 13))  # prompts start with a piece of this, so the prefix cache gets hits
@@ -46,11 +48,11 @@ def try_reserve(m, rid, num_lookahead):
     return True
 
 
-def run(ops, policy="speclab", sliding_window=None, num_blocks=24, block_size=4, enable_prefix_caching=True):
-    "Play `ops`; return the first list of violations found (empty if none). Asserts what must hold for any policy."
-    m = BlockManager(num_blocks, block_size, sliding_window, policy, enable_prefix_caching)
+def run(ops, manager=BlockManager, sliding_window=None, num_blocks=24, block_size=4, enable_prefix_caching=True):
+    "Play `ops`; return the first list of violations found (empty if none). Asserts what must hold for any manager."
+    m = manager(num_blocks, block_size, sliding_window, enable_prefix_caching=enable_prefix_caching)
     kv = PagedKV(num_blocks, block_size)
-    history, finalized, q = {}, [], torch.linspace(-1, 1, 16, dtype=torch.float64).view(2, 8)
+    history, q = {}, torch.linspace(-1, 1, 16, dtype=torch.float64).view(2, 8)  # history: the engine's token record
     stepped = None
     for n, (kind, i, kappa, acc, plen, toks, nxt, lookahead) in enumerate(ops):
         live = sorted(m.requests)
@@ -60,7 +62,6 @@ def run(ops, policy="speclab", sliding_window=None, num_blocks=24, block_size=4,
             assert hit % block_size == 0 and hit <= len(prompt) - 1
             assert enable_prefix_caching or hit == 0
             history[n] = list(prompt)
-            finalized.append(history[n])
         else:
             rid = live[i % len(live)]
             if kind == "reserve":
@@ -72,28 +73,26 @@ def run(ops, policy="speclab", sliding_window=None, num_blocks=24, block_size=4,
                     continue  # an engine would preempt someone and try again; here the step waits
                 held, free, before = len(m.block_table(rid)), m.free_blocks, m.state()
                 try:
-                    toy_step(m, kv, rid, drafts, acc, nxt)
+                    toy_step(m, kv, rid, history[rid], drafts, acc, nxt)
                 except ValueError as e:  # a refused step (no room) must leave everything as it was
-                    assert "out of KV blocks" in str(e) or (policy != "speclab" and "freed" in str(e)), e
+                    assert "out of KV blocks" in str(e) or (manager is not BlockManager and "freed" in str(e)), e
                     assert not reserved or "freed" in str(e), e  # a reserved step always has its blocks
                     assert m.state() == before
                     continue
                 if reserved:  # schedule allocated nothing (a sliding window may have freed some since)
                     assert len(m.block_table(rid)) == held and m.free_blocks >= free
-                history[rid] += drafts[:acc] + [nxt]
                 stepped = rid
             elif kind == "finish":
                 m.finish(rid)
             else:
                 m.preempt(rid)
         assert enable_prefix_caching or (m.cached == {} and max(m.ref_cnt) <= 1)  # off: nothing cached or shared
-        for rid, r in m.requests.items(): assert r.tokens == history[rid]  # committed tokens == accepted history
-        bad = check_invariants(m, kv, finalized)
+        bad = check_invariants(m, kv, history)  # includes: each record's count and hash chain match its history
         if bad: return bad
         if kind == "step" and stepped in m.requests:  # attention after rollback == from scratch on the accepted prefix
-            r, pos = m.requests[stepped], window(m, stepped)
+            tokens, pos = history[stepped], window(m, stepped)
             assert torch.equal(committed_attention(m, kv, stepped, q),
-                               scratch_attention([r.tokens[p] for p in pos], q, lo=pos[0] if pos else 0))
+                               scratch_attention([tokens[p] for p in pos], q, lo=pos[0] if pos else 0))
     return []
 
 
@@ -104,12 +103,13 @@ def test_speclab_keeps_every_invariant(ops, sliding_window):
     assert run(ops, sliding_window=sliding_window) == []
 
 
-@pytest.mark.parametrize("policy, sliding_window", [("speclab", None), ("speclab", 5), ("buggy_prefix", None)])
+@pytest.mark.parametrize("manager, sliding_window", [(BlockManager, None), (BlockManager, 5),
+                                                     (BuggyPrefixManager, None)])
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops_strategy)
-def test_prefix_caching_off(ops, policy, sliding_window):
-    "With the cache off nothing is looked up, cached or shared, so even buggy_prefix (which caches drafts) is safe."
-    assert run(ops, policy, sliding_window, num_blocks=12, block_size=2, enable_prefix_caching=False) == []
+def test_prefix_caching_off(ops, manager, sliding_window):
+    "With the cache off nothing is hashed, looked up, cached or shared, so even BuggyPrefixManager is safe."
+    assert run(ops, manager, sliding_window, num_blocks=12, block_size=2, enable_prefix_caching=False) == []
 
 
 @pytest.mark.parametrize("sliding_window", [None, 5])
@@ -120,43 +120,43 @@ def test_small_blocks_and_tight_pool(ops, sliding_window):
     assert run(ops, sliding_window=sliding_window, num_blocks=12, block_size=2) == []
 
 
-@pytest.mark.parametrize("policy, sliding_window, expected", [
-    ("buggy_prefix", None, "prefix cache"),
-    ("buggy_window", 6, "stale read"),
+@pytest.mark.parametrize("manager, sliding_window, expected", [
+    (BuggyPrefixManager, None, "prefix cache"),
+    (BuggyWindowManager, 6, "stale read"),
 ])
-def test_buggy_policies_are_caught(policy, sliding_window, expected):
-    "The same workload generator and the same checks find each buggy policy's hazard."
-    ops = find(ops_strategy, lambda ops: bool(run(ops, policy, sliding_window)),
+def test_planted_bugs_are_caught(manager, sliding_window, expected):
+    "The same workload generator and the same checks find each planted subclass's hazard."
+    ops = find(ops_strategy, lambda ops: bool(run(ops, manager, sliding_window)),
                settings=settings(max_examples=2000, database=None, deadline=None, phases=[Phase.generate]))
-    assert any(e.startswith(expected) for e in run(ops, policy, sliding_window)), run(ops, policy, sliding_window)
-    assert run(ops, "speclab", sliding_window) == []  # the same ops are fine under speclab
+    assert any(e.startswith(expected) for e in run(ops, manager, sliding_window)), run(ops, manager, sliding_window)
+    assert run(ops, BlockManager, sliding_window) == []  # the same ops are fine under the production class
 
 
 def test_prefix_hit_serves_only_finalized_content():
     "A rejected draft inside a full block: speclab never publishes it; buggy_prefix serves it to the next request."
-    for policy, expect_hit in (("speclab", 4), ("buggy_prefix", 8)):
-        m, kv = BlockManager(8, 4, policy=policy), PagedKV(8, 4)
-        m.add_request("a", [1, 2, 3, 4, 5])
-        toy_step(m, kv, "a", [], 0, 6); toy_step(m, kv, "a", [7, 8], 1, 9); toy_step(m, kv, "a", [4], 0, 2)
+    for manager, expect_hit in ((BlockManager, 4), (BuggyPrefixManager, 8)):
+        m, kv, a = manager(8, 4), PagedKV(8, 4), [1, 2, 3, 4, 5]
+        m.add_request("a", a)
+        toy_step(m, kv, "a", a, [], 0, 6); toy_step(m, kv, "a", a, [7, 8], 1, 9); toy_step(m, kv, "a", a, [4], 0, 2)
         prompt = [1, 2, 3, 4, 5, 6, 7, 8, 0]
         hit = m.add_request("b", prompt)
         assert hit == expect_hit
         k, _ = kv.read(m.block_table("b"), range(hit))
-        assert torch.equal(k, toy_kv(prompt[:hit], range(hit))[0]) == (policy == "speclab")
+        assert torch.equal(k, toy_kv(prompt[:hit], range(hit))[0]) == (manager is BlockManager)
 
 
 def test_window_boundary_comes_from_processed_tokens():
-    for policy in ("speclab", "buggy_window"):
-        m, kv = BlockManager(16, 2, sliding_window=4, policy=policy), PagedKV(16, 2)
-        m.add_request("a", [1, 2, 3, 4, 5, 6])
-        toy_step(m, kv, "a", [], 0, 7); toy_step(m, kv, "a", [8, 9, 10, 11], 0, 12)
+    for manager in (BlockManager, BuggyWindowManager):
+        m, kv, a = manager(16, 2, sliding_window=4), PagedKV(16, 2), [1, 2, 3, 4, 5, 6]
+        m.add_request("a", a)
+        toy_step(m, kv, "a", a, [], 0, 7); toy_step(m, kv, "a", a, [8, 9, 10, 11], 0, 12)
         needed_blocks = {p // 2 for p in window(m, "a")}
-        assert all(m.block_table("a")[b] != FREED for b in needed_blocks) == (policy == "speclab")
+        assert all(m.block_table("a")[b] != FREED for b in needed_blocks) == (manager is BlockManager)
 
 
 def _manager():
     m, kv = BlockManager(6, 4), PagedKV(6, 4)
-    m.add_request("a", range(6)); toy_step(m, kv, "a", [], 0, 6)
+    m.add_request("a", range(6)); toy_step(m, kv, "a", list(range(6)), [], 0, 6)
     m.schedule("a", [7, 8]); m.add_request("b", [9])
     return m
 
@@ -244,13 +244,13 @@ def test_random_ops_are_seeded_and_well_formed():
 
 @pytest.mark.parametrize("kwargs", [{}, dict(sliding_window=6), dict(num_blocks=12, block_size=2, sliding_window=5)])
 def test_fuzzer_passes_speclab_and_a_correct_subclass(kwargs):
-    for policy in ("speclab", _EagerTrimFixed):
+    for policy in (BlockManager, _EagerTrimFixed):
         assert [s for s in range(40) if fuzz_invariants(policy, 40, s, **kwargs)] == []
 
 
 @pytest.mark.parametrize("policy, kwargs, expected", [
-    ("buggy_prefix", {}, "prefix cache"),
-    ("buggy_window", dict(sliding_window=6), "stale read"),
+    (BuggyPrefixManager, {}, "prefix cache"),
+    (BuggyWindowManager, dict(sliding_window=6), "stale read"),
     (_EagerTrim, {}, "block table shorter"),
     (_EagerTrim, dict(enable_prefix_caching=False), "block table shorter"),
 ])
@@ -262,13 +262,13 @@ def test_fuzzer_catches_and_shrinks_each_planted_bug(policy, kwargs, expected):
     assert len(trace) <= 3, trace
     bad = replay(policy, trace, **kwargs)
     assert any(expected in e for e in bad), bad
-    assert replay("speclab", trace, **kwargs) == []
+    assert replay(BlockManager, trace, **kwargs) == []
 
 
 def test_shrink_needs_a_failing_trace_and_replay_skips_lost_requests():
     with pytest.raises(ValueError, match="failing trace"):
-        shrink_ops("speclab", random_ops(10, seed=0))
-    assert replay("speclab", [("step", 7, [1], 1, 2), ("finish", 7), ("add", 1, [3, 4]), ("step", 1, [], 0, 5)]) == []
+        shrink_ops(BlockManager, random_ops(10, seed=0))
+    assert replay(BlockManager, [("step", 7, [1], 1, 2), ("finish", 7), ("add", 1, [3, 4]), ("step", 1, [], 0, 5)]) == []
 
 
 # -- reservations and the prefix-cache switch ------------------------------------------------------------------------
@@ -278,8 +278,8 @@ def test_reserve_covers_the_lookahead_and_schedule_then_allocates_nothing():
     for b in (1, 2, 4, 16):
         for num_tokens in range(1, 2 * b + 3):
             for kappa in range(6):
-                m, kv = BlockManager(64, b), PagedKV(64, b)
-                m.add_request(0, range(100, 100 + num_tokens))
+                m, kv, tokens = BlockManager(64, b), PagedKV(64, b), list(range(100, 100 + num_tokens))
+                m.add_request(0, tokens)
                 need = m.blocks_needed(0, kappa)
                 assert need == -(-(num_tokens + kappa) // b)
                 assert m.reserve(0, kappa) == 0
@@ -289,9 +289,9 @@ def test_reserve_covers_the_lookahead_and_schedule_then_allocates_nothing():
                     computed = m.reserve(0, kappa)
                     slots = [m.slot(0, p) for p in range(m.requests[0].num_tokens + num_drafts)]
                     held = m.used_blocks
-                    s = toy_step(m, kv, 0, [7] * num_drafts, num_drafts, 8)
+                    s = toy_step(m, kv, 0, tokens, [7] * num_drafts, num_drafts, 8)
                     assert m.used_blocks == held and s.slot_mapping == slots[computed:]
-                    assert check_invariants(m, kv, [m.requests[0].tokens]) == []
+                    assert check_invariants(m, kv, {0: tokens}) == []
 
 
 def test_blocks_needed_counts_prefix_hits_that_sit_in_the_free_list():
@@ -308,7 +308,7 @@ def test_blocks_needed_counts_prefix_hits_that_sit_in_the_free_list():
     assert m.reserve("a", 2) == 8 and m.free_blocks == free - 1
     assert m.block_table("a")[:2] == m.block_table("c")
     s = m.schedule("a", [1, 2])
-    assert s.positions == [8, 9, 10, 11] and s.token_ids == [18, 7, 1, 2] and m.free_blocks == free - 1
+    assert s.positions == [8, 9, 10, 11] and m.free_blocks == free - 1  # computes tokens[8:] + drafts
     assert check_invariants(m) == []
     off = BlockManager(8, 4, enable_prefix_caching=False)  # the same story with the cache off: all recomputed
     off.add_request("a", range(10, 19))
@@ -344,9 +344,10 @@ def test_check_invariants_accepts_reserved_tables():
     m.add_request("a", range(5))
     m.reserve("a", 20)                  # 7 blocks, nothing computed
     assert check_invariants(m, kv, [list(range(5))]) == []
-    toy_step(m, kv, "a", [1, 2], 1, 3)
+    tokens = list(range(5))
+    toy_step(m, kv, "a", tokens, [1, 2], 1, 3)
     m.reserve("a", 9)
-    assert len(m.block_table("a")) == 7 and check_invariants(m, kv, [m.requests["a"].tokens]) == []
+    assert len(m.block_table("a")) == 7 and check_invariants(m, kv, {"a": tokens}) == []
     m.requests["a"].num_computed_tokens = 29  # but a table shorter than the computed length is still flagged
     assert any("shorter" in e for e in check_invariants(m))
 
@@ -355,8 +356,7 @@ class _NoEvict(BlockManager):
     "A planted bug: hands out free blocks without evicting their prefix-cache keys, so a reserved block stays cached."
 
     def _allocate(self, n):
-        out = self.free_list[:n]
-        del self.free_list[:n]
+        out = [self.free_queue.popleft() for _ in range(n)]
         for b in out:
             self.ref_cnt[b] = 1
         return out
@@ -384,7 +384,7 @@ def test_reserved_blocks_must_be_private():
     trace = shrink_ops(_NoEvict, ops)
     assert len(trace) < len(ops)
     assert any("will write it" in e for e in replay(_NoEvict, trace)), replay(_NoEvict, trace)
-    assert replay("speclab", trace) == []
+    assert replay(BlockManager, trace) == []
 
 
 class _Counting(BlockManager):
@@ -415,7 +415,7 @@ class _Counting(BlockManager):
 def test_fuzzer_with_reservations_stays_clean_over_200_seeds(kwargs):
     _Counting.made.clear()
     assert [s for s in range(200) if fuzz_invariants(_Counting, 40, s, **kwargs)] == []
-    assert [s for s in range(200) if fuzz_invariants("speclab", 40, s, **kwargs)] == []
+    assert [s for s in range(200) if fuzz_invariants(BlockManager, 40, s, **kwargs)] == []
     assert len(_Counting.made) == 200
     assert sum(m.reservations for m in _Counting.made) > 1000  # the workloads did reserve ...
     assert sum(m.reserved_steps for m in _Counting.made) > 500  # ... and stepped into reservations
@@ -424,9 +424,9 @@ def test_fuzzer_with_reservations_stays_clean_over_200_seeds(kwargs):
 class _CountingLookups(BlockManager):
     lookups = 0
 
-    def _lookup(self, tokens):
+    def _lookup(self, r):
         self.lookups += 1
-        return super()._lookup(tokens)
+        return super()._lookup(r)
 
 
 def test_steady_state_steps_do_not_look_up_the_prefix_cache():
@@ -482,16 +482,183 @@ def test_engine_style_scheduler_admits_reserves_and_preempts():
             drafts = [rng.randrange(6) for _ in range(kappa)]
             s = m.schedule(rid, drafts)
             assert m.free_blocks == free
-            kv.write(s.slot_mapping, *toy_kv(s.token_ids, s.positions))
+            kv.write(s.slot_mapping, *toy_kv(history[rid][s.positions[0]:] + drafts, s.positions))
             num_accepted = rng.randint(0, kappa)
             emitted = drafts[:num_accepted] + [rng.randrange(6)]
             m.commit(rid, num_accepted, emitted)
             history[rid] += emitted
             steps += 1
-        assert check_invariants(m, kv, list(history.values())) == []
+        assert check_invariants(m, kv, history) == []  # includes: each record matches its history
         for rid in [r for r in running if m.requests[r].num_tokens >= target_len]:
-            assert m.requests[rid].tokens == history[rid]
+            assert m.requests[rid].num_tokens == len(history[rid])
             m.finish(rid)
             running.remove(rid)
     assert m.free_blocks == 20 and m.requests == {}
     assert preemptions > 0 and steps > 12  # the pool was tight enough to preempt
+
+
+# -- the production structures: chained keys, the LRU free queue, no teaching policy --------------------------------
+
+def test_no_teaching_policy_in_the_production_class():
+    "The planted bugs are subclasses; the class the engine runs takes no policy and has no branch for one."
+    with pytest.raises(TypeError, match="policy"):
+        BlockManager(8, 4, policy="buggy_prefix")
+    assert not hasattr(BlockManager(8, 4), "policy")
+    assert BuggyPrefixManager.__mro__[1] is BlockManager and BuggyWindowManager.__mro__[1] is BlockManager
+    assert set(vars(BuggyPrefixManager)) & set(vars(BlockManager)) == {"schedule", "__doc__", "__module__"}
+    assert set(vars(BuggyWindowManager)) & set(vars(BlockManager)) == {"commit", "__doc__", "__module__"}
+
+
+def test_a_block_key_includes_its_parent():
+    "Two prompts that share block 1's tokens but not block 0's share no block: block 1's K/V differ, so do the keys."
+    m, kv, q = BlockManager(16, 4), PagedKV(16, 4), torch.linspace(-1, 1, 16, dtype=torch.float64).view(2, 8)
+    a, b = [1, 2, 3, 4, 5, 6, 7, 8, 9], [0, 2, 3, 4, 5, 6, 7, 8, 9]
+    m.add_request("a", a)
+    toy_step(m, kv, "a", a, [], 0, 1)
+    assert len(m.cached) == 2
+    assert m.add_request("b", b) == 0                     # block 1 has a's tokens, but not a's prefix: no hit
+    toy_step(m, kv, "b", b, [], 0, 1)
+    assert m.block_table("a")[1] != m.block_table("b")[1] and len(m.cached) == 4
+    assert m.requests["a"].block_hashes[1] != m.requests["b"].block_hashes[1]
+    assert torch.equal(committed_attention(m, kv, "b", q), scratch_attention(b[:9], q))  # b's own K/V
+    assert check_invariants(m, kv, {"a": a, "b": b}) == []
+    assert m.add_request("c", a[:8] + [0]) == 8           # the same prefix as a: both blocks are hits
+    assert m.block_table("c") == m.block_table("a")[:2]
+
+
+def test_block_keys_are_a_chain_of_blake2b_digests():
+    tokens = list(range(1000, 1037))
+    keys = hash_chain(tokens, 8)
+    assert len(keys) == 4 and all(len(k) == 16 for k in keys)
+    parent = ROOT_HASH
+    for i, key in enumerate(keys):
+        parent = block_hash(parent, tokens[8 * i:8 * i + 8])
+        assert key == parent
+    assert hash_chain(tokens[:16], 8) == keys[:2]         # a prefix's keys are a prefix of the keys
+    assert block_hash(ROOT_HASH, [0, 5]) != block_hash(ROOT_HASH, [2**61 - 1, 5])  # Python's hash equates these
+    assert block_hash(ROOT_HASH, [1, 2]) != block_hash(ROOT_HASH, [2, 1]) != block_hash(ROOT_HASH, [1, 2, 0])
+
+
+def test_the_record_keeps_keys_and_a_partial_block_not_the_tokens():
+    "Per request: block ids, the keys of its full blocks, and at most block_size - 1 tokens (the last partial block)."
+    m, kv, a = BlockManager(64, 4), PagedKV(64, 4), list(range(30))
+    m.add_request("a", a)
+    rng = random.Random(0)
+    for n in range(30):
+        drafts = [rng.randrange(6) for _ in range(rng.randint(0, 4))]
+        toy_step(m, kv, "a", a, drafts, rng.randint(0, len(drafts)), rng.randrange(6))
+        r = m.requests["a"]
+        assert not hasattr(r, "tokens") and len(r.tail) < m.block_size
+        assert (r.num_tokens, r.block_hashes, r.tail) == (len(a), hash_chain(a, 4), a[len(a) // 4 * 4:])
+
+
+def _calls(monkeypatch):
+    "Count the block hashes computed and the prefix-cache probes made from here on."
+    counts = {"hashed_tokens": 0, "probes": 0}
+    original = kv_module.block_hash
+
+    def counting(parent, tokens):
+        counts["hashed_tokens"] += len(tokens)
+        return original(parent, tokens)
+    monkeypatch.setattr(kv_module, "block_hash", counting)
+    return counts
+
+
+class _ProbeCounter(dict):
+    probes = 0
+
+    def get(self, key, default=None):
+        _ProbeCounter.probes += 1
+        return super().get(key, default)
+
+
+@pytest.mark.parametrize("num_tokens", [256, 2048, 8192])
+def test_prefix_lookup_is_linear_in_the_prompt(num_tokens, monkeypatch):
+    "A prompt whose blocks are all cached: add_request hashes each token once and probes the cache once per block."
+    size = 16
+    m = BlockManager(num_tokens // size + 2, size)
+    prompt = [random.Random(num_tokens).randrange(32000) for _ in range(num_tokens)]
+    m.add_request("warm", prompt + [1])
+    m.schedule("warm")
+    m.commit("warm", 0, [2])
+    m.finish("warm")
+    m.cached = _ProbeCounter(m.cached)
+    _ProbeCounter.probes = 0
+    counts = _calls(monkeypatch)
+    assert m.add_request("hit", prompt + [3]) == num_tokens     # every full block is a hit
+    assert counts["hashed_tokens"] == num_tokens                # each token hashed once: no prefix rebuilt per block
+    assert _ProbeCounter.probes == num_tokens // size
+
+
+def test_free_queue_is_lru_and_a_hit_leaves_the_middle():
+    "Freed blocks go to the tail; allocation takes the head and evicts its key; a hit takes a free block in place."
+    m = BlockManager(8, 2)
+    for rid in "abc":                                      # three one-block prompts, each cached, then freed
+        m.add_request(rid, [ord(rid), 0, 1])
+        m.schedule(rid)
+        m.commit(rid, 0, [5])
+    tables = {rid: m.block_table(rid) for rid in "abc"}
+    for rid in "bac":
+        m.finish(rid)                                      # freed in the order b, a, c, each last block first
+    order = [blk for rid in "bac" for blk in reversed(tables[rid])]
+    assert list(m.free_queue) == [6, 7] + order
+    assert m.add_request("a2", [ord("a"), 0, 9]) == 2       # a's first block is a hit: out of the middle
+    assert list(m.free_queue) == [6, 7] + [blk for blk in order if blk != tables["a"][0]]
+    got = m._allocate(4)                                   # the least recently freed: never used, then b's blocks
+    assert got == [6, 7] + tables["b"][::-1]
+    assert tables["b"][0] not in m.block_hash              # b's cached block was evicted when handed out again
+    assert tables["c"][0] in m.block_hash                  # c, freed last, is still findable
+    assert m.add_request("c2", [ord("c"), 0, 9]) == 2
+
+
+class _CountingList(list):
+    "A list that counts item reads and writes: the work a free-queue operation does."
+    ops = 0
+
+    def __getitem__(self, i):
+        _CountingList.ops += 1
+        return super().__getitem__(i)
+
+    def __setitem__(self, i, v):
+        _CountingList.ops += 1
+        super().__setitem__(i, v)
+
+
+def _work(num_blocks):
+    "Array accesses of remove-from-the-middle, append and popleft on a queue of num_blocks."
+    fq = FreeBlockQueue(num_blocks)
+    fq.nxt, fq.prv, fq.queued = _CountingList(fq.nxt), _CountingList(fq.prv), _CountingList(fq.queued)
+    out = []
+    for op in (lambda: fq.remove(num_blocks // 2), lambda: fq.append(num_blocks // 2), fq.popleft):
+        _CountingList.ops = 0
+        op()
+        out.append(_CountingList.ops)
+    return out
+
+
+def test_free_queue_operations_do_constant_work():
+    "The same number of array accesses at 10 blocks and at 100,000: nothing scans the pool (list.remove did)."
+    assert _work(10) == _work(100_000)
+    assert max(_work(10)) <= 12
+
+
+def test_free_queue_matches_a_list_model():
+    rng = random.Random(0)
+    for n in (1, 2, 7, 50):
+        fq, model = FreeBlockQueue(n), list(range(n))
+        for _ in range(2000):
+            kind = rng.choice(("pop", "remove", "append"))
+            if kind == "pop" and model:
+                assert fq.popleft() == model.pop(0)
+            elif kind == "remove" and model:
+                b = rng.choice(model)
+                fq.remove(b)
+                model.remove(b)
+            elif kind == "append" and len(model) < n:
+                b = rng.choice([x for x in range(n) if x not in model])
+                fq.append(b)
+                model.append(b)
+            assert list(fq) == model and len(fq) == len(model)
+            assert all((b in fq) == (b in model) for b in range(n))
+        with pytest.raises((ValueError, IndexError)):
+            (fq.append(model[0]) if model else fq.popleft())
