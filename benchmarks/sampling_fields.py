@@ -1,6 +1,6 @@
 """The cost of the logits-processor stage per verify step (issue 27), side by side with the stage off.
 
-One verify step of `speclab.metadata.rejection_sampler` at a Llama-3 vocabulary (V = 128,256), kappa = 3 drafts per
+One verify step of `speclab.sampling.rejection_sampler` at a Llama-3 vocabulary (V = 128,256), kappa = 3 drafts per
 request, batch 1 and 16, random logits, sampled rows (temperature 0.8). "off": every request at the default fields;
 "on": every request with presence, frequency and repetition penalties, a logit bias, min_p and min_tokens, and a
 history of PROMPT prompt tokens and OUTPUT generated tokens. The "on" time includes building the per-request
@@ -17,7 +17,8 @@ import torch
 
 from bench_env import load_average, machine, utc_now
 from speclab.engine import SamplingParams, processor_rows
-from speclab.metadata import SamplingMetadata, SpecDecodeMetadata, rejection_sampler
+from speclab.metadata import SpecDecodeMetadata
+from speclab.sampling import SamplingMetadata, rejection_sampler
 
 KAPPA, PROMPT, OUTPUT = 3, 512, 256
 ON = dict(temperature=0.8, presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1,

@@ -4,25 +4,21 @@
 
 # %% auto #0
 __all__ = ['INDEX_DTYPE', 'check_drafts', 'sampled_logits_indices', 'target_bonus_indices', 'SpecDecodeMetadata',
-           'draft_tokens_from_inputs', 'expand_batch_to_tokens', 'SamplingMetadata', 'rows_at_positions',
-           'rejection_sampler']
+           'draft_tokens_from_inputs']
 
 # %% ../nbs/05_metadata.ipynb #fa9121c9
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from itertools import accumulate
 
 import torch
 
-from .sampling import (PLACEHOLDER_TOKEN_ID, ProcessorRows, check_prob_rows, cu_num_draft_tokens,
-                              draw_tokens, get_backend, position_counts, process_logits, rejection_sample,
-                              sampling_probs)
+from .sampling import _is_int, cu_num_draft_tokens
+# moved to speclab.sampling; alias until the engine imports it from there
+from .sampling import SamplingMetadata, expand_batch_to_tokens, rejection_sampler  # noqa: F401
 
 # %% ../nbs/05_metadata.ipynb #656b4642
 INDEX_DTYPE = torch.int64  # the dtype of every index tensor SpecDecodeMetadata holds
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 def check_drafts(draft_token_ids: Sequence[Sequence[int]],
                  cu_num_scheduled_tokens: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
@@ -83,9 +79,15 @@ class SpecDecodeMetadata:
 
     @classmethod
     def from_drafts(cls, draft_token_ids: Sequence[Sequence[int]], cu_num_scheduled_tokens: Sequence[int] | None = None,
-                    device: torch.device | str | None = None) -> "SpecDecodeMetadata":
+                    device: torch.device | str | None = None, *, check: bool = True) -> "SpecDecodeMetadata":
         "Build from each request's drafts and, optionally, the prefix sum of its scheduled tokens (default 1 + n_b)."
-        n, cu_sched = check_drafts(draft_token_ids, cu_num_scheduled_tokens)
+        if check:
+            n, cu_sched = check_drafts(draft_token_ids, cu_num_scheduled_tokens)
+        else:                                      # the caller's own drafts: no pass over every token
+            n = [len(d) for d in draft_token_ids]
+            cu_sched = cu_num_scheduled_tokens
+            if cu_sched is None:
+                cu_sched = list(accumulate(k + 1 for k in n))
         target, bonus = target_bonus_indices(n)
         t = dict(draft_token_ids=torch.tensor([x for d in draft_token_ids for x in d], dtype=INDEX_DTYPE),
                  cu_num_draft_tokens=cu_num_draft_tokens(n), cu_num_sampled_tokens=bonus + 1,
@@ -104,164 +106,3 @@ def draft_tokens_from_inputs(input_ids: torch.Tensor, metadata: SpecDecodeMetada
         raise ValueError(f"input_ids has {len(input_ids)} tokens but the metadata samples position {need - 1}")
     sampled = input_ids[metadata.logits_indices.to(input_ids.device)]
     return sampled[metadata.target_logits_indices.to(input_ids.device) + 1]
-
-# %% ../nbs/05_metadata.ipynb #446a12da
-def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: Sequence[int] | torch.Tensor, num_tokens: int,
-                           replace_from: float | None = None, replace_to: float | None = None) -> torch.Tensor:
-    "Repeat per-request x [B] once per token of its request -> [num_tokens]; optionally map replace_from to replace_to."
-    if not isinstance(x, torch.Tensor) or x.dim() != 1:
-        raise ValueError(f"x must be a 1-D tensor [batch_size], got {type(x).__name__}")
-    cu = torch.as_tensor(cu_num_tokens)
-    if cu.shape != x.shape or cu.is_floating_point():
-        raise ValueError(f"cu_num_tokens must be an integer tensor of the shape of x {tuple(x.shape)}")
-    counts = torch.diff(cu.cpu().long(), prepend=torch.zeros(1, dtype=torch.int64))
-    if (counts < 0).any():
-        raise ValueError("cu_num_tokens must be a non-decreasing inclusive prefix sum of counts >= 0")
-    if num_tokens != (int(cu[-1]) if len(cu) else 0):
-        raise ValueError(f"num_tokens must equal cu_num_tokens[-1], got {num_tokens}")
-    if (replace_from is None) != (replace_to is None):
-        raise ValueError("replace_from and replace_to must be given together")
-    out = torch.repeat_interleave(x, counts.to(x.device), output_size=num_tokens)
-    if replace_from is None:
-        return out
-    return torch.where(out == replace_from, torch.as_tensor(replace_to, dtype=out.dtype), out)
-
-# %% ../nbs/05_metadata.ipynb #f8690fc7
-def _check_settings(temperature, top_k, top_p, generators) -> None:
-    "Validate SamplingMetadata's fields before anything is stored; the error names the first bad one."
-    if not isinstance(temperature, torch.Tensor) or temperature.dim() != 1 or not temperature.is_floating_point():
-        got = f"{type(temperature).__name__} {getattr(temperature, 'shape', '')}"
-        raise TypeError(f"temperature must be a 1-D floating-point tensor [batch_size], got {got}")
-    B = len(temperature)
-    if B == 0:
-        raise ValueError("temperature must hold one entry per request, got an empty tensor")
-    if not isinstance(top_k, torch.Tensor) or top_k.is_floating_point() or top_k.dtype == torch.bool:
-        raise TypeError(f"top_k must be an integer tensor [{B}], got {type(top_k).__name__}")
-    if not isinstance(top_p, torch.Tensor) or not top_p.is_floating_point():
-        raise TypeError(f"top_p must be a floating-point tensor [{B}], got {type(top_p).__name__}")
-    for name, x in (("top_k", top_k), ("top_p", top_p)):
-        if x.shape != (B,):
-            raise ValueError(f"{name} must have shape ({B},) like temperature, got {tuple(x.shape)}")
-        if x.device != temperature.device:
-            raise ValueError(f"{name} is on {x.device} but temperature is on {temperature.device}")
-    if not isinstance(generators, (list, tuple)) or len(generators) != B:
-        raise ValueError(f"generators must be a list of {B} entries (one per request), got {type(generators).__name__}")
-    for b, gen in enumerate(generators):
-        if gen is not None and not isinstance(gen, torch.Generator):
-            raise TypeError(f"generators[{b}] must be a torch.Generator or None, got {type(gen).__name__}")
-    rules = [("temperature", temperature, torch.isfinite(temperature) & (temperature >= 0), "finite and >= 0"),
-             ("top_k", top_k, top_k >= 0, ">= 0 (0 = off)"),
-             ("top_p", top_p, (top_p > 0) & (top_p <= 1), "in (0, 1] (1 = off)")]
-    for name, x, ok, rule in rules:
-        if not ok.all():
-            b = int((~ok).nonzero()[0, 0])
-            raise ValueError(f"{name} must be {rule}; {name}[{b}] is {x[b].item()}")
-
-def _numbers(x, ints: bool) -> bool:
-    "Whether x is a list or tuple of ints (ints=True) or of real numbers, bools excluded."
-    kinds = int if ints else (int, float)
-    return isinstance(x, (list, tuple)) and all(isinstance(v, kinds) and not isinstance(v, bool) for v in x)
-
-@dataclass(eq=False)
-class SamplingMetadata:
-    "Per-request sampling settings of one step as [B] tensors (vLLM's name): what the sampler needs of the engine."
-    temperature: torch.Tensor                      # [B] float64, 0 = greedy
-    top_k: torch.Tensor                            # [B] int64, 0 = off
-    top_p: torch.Tensor                            # [B] float64, 1 = off
-    generators: list                               # [B] torch.Generator of each request (requests may share one)
-    processors: ProcessorRows | None = None        # per request: history-dependent fields (Chapter 3); None = off
-    is_greedy: torch.Tensor = field(init=False)    # [B] bool: temperature == 0
-    all_greedy: bool = field(init=False)           # every request greedy: the sampler's early return
-
-    def __post_init__(self) -> None:
-        _check_settings(self.temperature, self.top_k, self.top_p, self.generators)
-        if self.processors is not None and not isinstance(self.processors, ProcessorRows):
-            raise TypeError(f"processors must be None or a ProcessorRows, got {type(self.processors).__name__}")
-        self.temperature = self.temperature.to(torch.float64)
-        self.top_k = self.top_k.to(torch.int64)
-        self.top_p = self.top_p.to(torch.float64)
-        self.generators = list(self.generators)
-        self.is_greedy = self.temperature == 0
-        self.all_greedy = bool(self.is_greedy.all())
-
-    @classmethod
-    def from_lists(cls, temperature: Sequence[float], top_k: Sequence[int], top_p: Sequence[float],
-                   generators: Sequence[torch.Generator | None], device: torch.device | str | None = None,
-                   processors: ProcessorRows | None = None) -> "SamplingMetadata":
-        "Build from one Python value per request (e.g. each request's SamplingParams); the tensors go to `device`."
-        for name, x, ints in (("temperature", temperature, False), ("top_k", top_k, True), ("top_p", top_p, False)):
-            if not _numbers(x, ints):
-                kind = "ints" if ints else "numbers"
-                raise TypeError(f"{name} must be a list of {kind}, one per request, got {x!r}")
-        gens = list(generators) if isinstance(generators, (list, tuple)) else generators
-        return cls(temperature=torch.tensor(temperature, dtype=torch.float64, device=device),
-                   top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
-                   top_p=torch.tensor(top_p, dtype=torch.float64, device=device), generators=gens,
-                   processors=processors)
-
-# %% ../nbs/05_metadata.ipynb #1ddf187f
-def _check_sampler_inputs(metadata, logits, draft_probs, sampling) -> None:
-    "Validate `rejection_sampler`'s arguments before anything is drawn; the error names the argument."
-    if not isinstance(metadata, SpecDecodeMetadata):
-        raise TypeError(f"metadata must be a SpecDecodeMetadata, got {type(metadata).__name__}")
-    if not isinstance(sampling, SamplingMetadata):
-        raise TypeError(f"sampling must be a SamplingMetadata, got {type(sampling).__name__}")
-    B = len(metadata.num_draft_tokens)
-    N = len(metadata.draft_token_ids)
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or not logits.is_floating_point():
-        got = f"{type(logits).__name__} {getattr(logits, 'shape', '')}"
-        raise TypeError(f"logits must be a 2-D floating-point tensor [N + B, vocab_size], got {got}")
-    if logits.shape[0] != N + B:
-        raise ValueError(f"logits must have N + B = {N + B} rows (the target's logits at metadata.logits_indices), "
-                         f"got {logits.shape[0]}")
-    top = logits.max() if logits.numel() else logits.new_zeros(())   # one pass: max is NaN if any entry is
-    if torch.isnan(top) or torch.isposinf(top):
-        raise ValueError("logits contains NaN or +inf entries")
-    if len(sampling.temperature) != B:
-        raise ValueError(f"sampling holds the settings of {len(sampling.temperature)} requests, the metadata has {B}")
-    V = logits.shape[1]
-    if N and int(metadata.draft_token_ids.max()) >= V:
-        raise ValueError(f"metadata.draft_token_ids must lie in [0, {V}), the vocabulary of logits")
-    if draft_probs is not None and check_prob_rows(draft_probs, "draft_probs", N).shape[1] != V:
-        raise ValueError(f"draft_probs must be [{N}, {V}] like the target rows, got {tuple(draft_probs.shape)}")
-
-def rows_at_positions(processors: ProcessorRows, metadata: SpecDecodeMetadata) -> ProcessorRows:
-    "Per-request processor inputs -> one per sampled row: the settings repeated, the history grown by earlier drafts."
-    n = torch.as_tensor(metadata.num_draft_tokens, dtype=INDEX_DTYPE)
-    owner = torch.repeat_interleave(torch.arange(len(n)), n + 1)
-    position = torch.arange(len(owner)) - torch.repeat_interleave(torch.cumsum(n + 1, 0) - (n + 1), n + 1)
-    rows = {f.name: getattr(processors, f.name) for f in fields(ProcessorRows)}
-    rows = {k: None if x is None or k == "output_counts" else x[owner.to(x.device)] for k, x in rows.items()}
-    if processors.output_counts is not None:
-        rows["output_counts"] = position_counts(processors.output_counts, metadata.draft_token_ids, n)
-    if processors.num_generated is not None:
-        rows["num_generated"] = rows["num_generated"] + position.to(rows["num_generated"].device)
-    return ProcessorRows(**rows)
-
-def rejection_sampler(metadata: SpecDecodeMetadata, logits: torch.Tensor, draft_probs: torch.Tensor | None,
-                      sampling: SamplingMetadata, backend: str = "torch") -> torch.Tensor:
-    "One step's sampling: the target's [N + B, V] logits -> output_token_ids [B, max_spec_len + 1] (vLLM's forward)."
-    ops = get_backend(backend)
-    _check_sampler_inputs(metadata, logits, draft_probs, sampling)
-    rows = None if sampling.processors is None else rows_at_positions(sampling.processors, metadata)
-    if rows is not None:                           # every position with the history plain decoding had there
-        logits = process_logits(logits, rows)
-    dev = logits.device
-    target_rows = metadata.target_logits_indices.to(dev)
-    bonus_rows = metadata.bonus_logits_indices.to(dev)
-    draft_token_ids = metadata.draft_token_ids.to(dev)
-    if sampling.all_greedy:                        # argmaxes only: no transforms, no softmax, no generator touched
-        argmax = logits.argmax(-1)
-        out = torch.full((len(bonus_rows), metadata.max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64,
-                         device=dev)
-        return ops.greedy_sample(out, metadata.cu_num_draft_tokens.to(dev), draft_token_ids, argmax[target_rows],
-                                 argmax[bonus_rows])
-    cu = metadata.cu_num_sampled_tokens
-    temperature = expand_batch_to_tokens(sampling.temperature, cu, logits.shape[0])
-    top_k = expand_batch_to_tokens(sampling.top_k, cu, logits.shape[0])
-    top_p = expand_batch_to_tokens(sampling.top_p, cu, logits.shape[0])
-    min_p = 0.0 if rows is None or rows.min_p is None else rows.min_p
-    probs = sampling_probs(logits, temperature, top_k, top_p, min_p=min_p)
-    bonus = draw_tokens(probs[bonus_rows], sampling.is_greedy, sampling.generators)   # before the coins
-    return rejection_sample(draft_token_ids, metadata.num_draft_tokens, draft_probs, probs[target_rows], bonus,
-                            is_greedy=sampling.is_greedy.to(dev), generators=sampling.generators, backend=backend)

@@ -10,15 +10,17 @@ __all__ = ['PROB_TOL', 'PLACEHOLDER_TOKEN_ID', 'FIXED_POINT', 'cu_num_draft_toke
            'mean_accepted', 'repeat_rows', 'get_backend', 'rejection_sample', 'apply_temperature', 'apply_top_k',
            'top_p_mask_sort', 'top_p_mask_partial', 'apply_min_p', 'sampling_probs', 'token_counts', 'position_counts',
            'ProcessorRows', 'apply_penalties', 'apply_min_tokens', 'process_logits', 'draw_tokens', 'fixed_point_pick',
-           'tree_children', 'tree_verify', 'tree_step']
+           'tree_children', 'tree_verify', 'tree_step', 'SpecDecodeIndices', 'expand_batch_to_tokens',
+           'SamplingMetadata', 'rows_at_positions', 'rejection_sampler']
 
 # %% ../nbs/03_sampling.ipynb #2171a951
 import importlib
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field, fields
 from types import ModuleType
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -340,10 +342,13 @@ def rejection_sample(draft_token_ids: Tensor, num_draft_tokens: Sequence[int] | 
                      generators: Sequence[torch.Generator | None] | None = None, method: str = "standard",
                      recovery: str = "exponential", backend: str = "torch", threshold_acc: float = 1.0,
                      uniform_probs: Tensor | None = None, exponentials: Tensor | None = None,
-                     residual_coins: Tensor | None = None) -> Tensor:
+                     residual_coins: Tensor | None = None, check: bool = True) -> Tensor:
     "Verify a ragged batch of drafts; returns output_token_ids [B, max_spec_len + 1], padded with PLACEHOLDER_TOKEN_ID."
-    n = check_inputs(draft_token_ids, num_draft_tokens, draft_probs, target_probs, bonus_token_ids, is_greedy,
-                     generators)
+    if check:
+        n = check_inputs(draft_token_ids, num_draft_tokens, draft_probs, target_probs, bonus_token_ids, is_greedy,
+                         generators)
+    else:                                          # the caller validated them (rejection_sampler does, once)
+        n = torch.as_tensor(num_draft_tokens, dtype=torch.int64)
     if method not in ("standard", "block"):
         raise ValueError(f"method must be 'standard' or 'block', got {method!r}")
     if recovery not in ("exponential", "inverse_cdf"):
@@ -380,10 +385,10 @@ def rejection_sample(draft_token_ids: Tensor, num_draft_tokens: Sequence[int] | 
     return out
 
 # %% ../nbs/03_sampling.ipynb #5421a6aa
-def apply_temperature(logits: Tensor, temperature: float | Tensor) -> Tensor:
+def apply_temperature(logits: Tensor, temperature: float | Tensor, check: bool = True) -> Tensor:
     "Divide each row's logits by its temperature; rows with temperature 0 become one-hot logits on the argmax."
     t = torch.as_tensor(temperature, dtype=logits.dtype, device=logits.device).expand(logits.shape[0])
-    if (t < 0).any() or not torch.isfinite(t).all():
+    if check and ((t < 0).any() or not torch.isfinite(t).all()):
         raise ValueError("temperature must be finite and >= 0")
     greedy = t == 0
     out = logits / torch.where(greedy, 1.0, t)[:, None]
@@ -435,17 +440,18 @@ def apply_min_p(logits: Tensor, min_p: float | Tensor) -> Tensor:
     return logits.masked_fill(probs < cut, -math.inf)
 
 def sampling_probs(logits: Tensor, temperature: float | Tensor = 1.0, top_k: int | Tensor = 0,
-                   top_p: float | Tensor = 1.0, top_p_method: str = "partial", min_p: float | Tensor = 0.0) -> Tensor:
+                   top_p: float | Tensor = 1.0, top_p_method: str = "partial", min_p: float | Tensor = 0.0,
+                   check: bool = True) -> Tensor:
     "Logits [rows, V] -> probabilities under per-row temperature, min-p, top-k, top-p (vLLM's order), for p and q."
-    if logits.dim() != 2 or not logits.is_floating_point():
-        raise TypeError("logits must be a 2-D floating-point tensor [rows, V]")
     tp = torch.as_tensor(top_p, dtype=torch.float64)
-    if ((tp <= 0) | (tp > 1)).any():
-        raise ValueError("top_p must lie in (0, 1]")
     mp = torch.as_tensor(min_p, dtype=torch.float64)
-    if ((mp < 0) | (mp > 1)).any():
+    if check and (logits.dim() != 2 or not logits.is_floating_point()):
+        raise TypeError("logits must be a 2-D floating-point tensor [rows, V]")
+    if check and ((tp <= 0) | (tp > 1)).any():
+        raise ValueError("top_p must lie in (0, 1]")
+    if check and ((mp < 0) | (mp > 1)).any():
         raise ValueError("min_p must lie in [0, 1]")
-    scaled = apply_min_p(apply_temperature(logits.float(), temperature), mp)
+    scaled = apply_min_p(apply_temperature(logits.float(), temperature, check), mp)
     probs = torch.softmax(apply_top_k(scaled, top_k), -1)
     if (tp < 1).any():
         top_p_mask = top_p_mask_partial if top_p_method == "partial" else top_p_mask_sort
@@ -527,14 +533,12 @@ def process_logits(logits: Tensor, rows: ProcessorRows) -> Tensor:
     return logits
 
 # %% ../nbs/03_sampling.ipynb #7c5481cb
-def draw_tokens(probs: Tensor, is_greedy: Sequence[bool] | Tensor,
-                generators: Sequence[torch.Generator | None]) -> Tensor:
-    "One token per probability row: the argmax where greedy, else a draw; rows sharing a generator draw in one call."
+def _check_draw(probs, greedy, generators) -> None:
+    "Validate `draw_tokens`' arguments (is_greedy already a list); the error names the argument."
     if not isinstance(probs, torch.Tensor) or probs.dim() != 2 or not probs.is_floating_point():
         got = f"{type(probs).__name__} {getattr(probs, 'shape', '')}"
         raise TypeError(f"probs must be a 2-D floating-point tensor [rows, vocab_size], got {got}")
     rows = probs.shape[0]
-    greedy = is_greedy.tolist() if isinstance(is_greedy, torch.Tensor) else list(is_greedy)
     not_bool = [g for g in greedy if not isinstance(g, (bool, np.bool_))]
     if len(greedy) != rows or not_bool:
         got = f"a {type(not_bool[0]).__name__}" if not_bool else f"{len(greedy)} entries"
@@ -544,6 +548,13 @@ def draw_tokens(probs: Tensor, is_greedy: Sequence[bool] | Tensor,
     for i, gen in enumerate(generators):
         if gen is not None and not isinstance(gen, torch.Generator):
             raise TypeError(f"generators[{i}] must be a torch.Generator or None, got {type(gen).__name__}")
+
+def draw_tokens(probs: Tensor, is_greedy: Sequence[bool] | Tensor,
+                generators: Sequence[torch.Generator | None], check: bool = True) -> Tensor:
+    "One token per probability row: the argmax where greedy, else a draw; rows sharing a generator draw in one call."
+    greedy = is_greedy.tolist() if isinstance(is_greedy, torch.Tensor) else list(is_greedy)
+    if check:
+        _check_draw(probs, greedy, generators)
     tokens = probs.argmax(-1)
     groups = {}
     for i, (greedy_row, gen) in enumerate(zip(greedy, generators)):
@@ -612,3 +623,192 @@ def tree_step(prefix: Sequence[int], target_fn: Callable[[tuple[int, ...]], np.n
         frontier = nxt
     target = torch.stack([torch.tensor(target_fn(tuple(prefix) + path)) for path in paths])
     return tree_verify(tokens, parents, target, rng.random(len(tokens)), rng.random())
+
+# %% ../nbs/03_sampling.ipynb #d3b00001
+@runtime_checkable
+class SpecDecodeIndices(Protocol):
+    "The fields of a step's layout that `rejection_sampler` reads; Chapter 5's `SpecDecodeMetadata` has them all."
+    num_draft_tokens: list            # [B] n_b per request (a host list), zero allowed
+    draft_token_ids: Tensor           # [N] int64 token ids, request after request
+    cu_num_draft_tokens: Tensor       # [B] inclusive prefix sum of n_b
+    cu_num_sampled_tokens: Tensor     # [B] inclusive prefix sum of n_b + 1
+    target_logits_indices: Tensor     # [N] rows of the [N + B, V] logits that verify a draft
+    bonus_logits_indices: Tensor      # [B] the row that draws each request's bonus
+    max_spec_len: int                 # max n_b: the output is [B, max_spec_len + 1]
+
+# %% ../nbs/03_sampling.ipynb #d3b00005
+def expand_batch_to_tokens(x: Tensor, cu_num_tokens: Sequence[int] | Tensor, num_tokens: int,
+                           replace_from: float | None = None, replace_to: float | None = None, *,
+                           check: bool = True) -> Tensor:
+    "Repeat per-request x [B] once per token of its request -> [num_tokens]; optionally map replace_from to replace_to."
+    cu = torch.as_tensor(cu_num_tokens)
+    if check:
+        if not isinstance(x, torch.Tensor) or x.dim() != 1:
+            raise ValueError(f"x must be a 1-D tensor [batch_size], got {type(x).__name__}")
+        if cu.shape != x.shape or cu.is_floating_point():
+            raise ValueError(f"cu_num_tokens must be an integer tensor of the shape of x {tuple(x.shape)}")
+        if (torch.diff(cu, prepend=cu.new_zeros(1)) < 0).any():
+            raise ValueError("cu_num_tokens must be a non-decreasing inclusive prefix sum of counts >= 0")
+        if num_tokens != (int(cu[-1]) if len(cu) else 0):
+            raise ValueError(f"num_tokens must equal cu_num_tokens[-1], got {num_tokens}")
+        if (replace_from is None) != (replace_to is None):
+            raise ValueError("replace_from and replace_to must be given together")
+    counts = torch.diff(cu.long(), prepend=cu.new_zeros(1, dtype=torch.int64))
+    out = torch.repeat_interleave(x, counts.to(x.device), output_size=num_tokens)   # output_size: no host sync
+    if replace_from is None:
+        return out
+    return torch.where(out == replace_from, torch.as_tensor(replace_to, dtype=out.dtype), out)
+
+# %% ../nbs/03_sampling.ipynb #d3b00008
+def _is_int(x) -> bool:
+    "An int that is not a bool: Python counts True as 1, a token id or a count never is."
+    return isinstance(x, int) and not isinstance(x, bool)
+
+def _numbers(x, ints: bool) -> bool:
+    "Whether x is a list or tuple of ints (ints=True) or of real numbers, bools excluded."
+    ok = _is_int if ints else (lambda v: _is_int(v) or isinstance(v, float))
+    return isinstance(x, (list, tuple)) and all(ok(v) for v in x)
+
+def _check_settings(temperature, top_k, top_p, generators, processors) -> None:
+    "Validate SamplingMetadata's fields before anything is stored; the error names the first bad one."
+    if not isinstance(temperature, torch.Tensor) or temperature.dim() != 1 or not temperature.is_floating_point():
+        got = f"{type(temperature).__name__} {getattr(temperature, 'shape', '')}"
+        raise TypeError(f"temperature must be a 1-D floating-point tensor [batch_size], got {got}")
+    B = len(temperature)
+    if B == 0:
+        raise ValueError("temperature must hold one entry per request, got an empty tensor")
+    if not isinstance(top_k, torch.Tensor) or top_k.is_floating_point() or top_k.dtype == torch.bool:
+        raise TypeError(f"top_k must be an integer tensor [{B}], got {type(top_k).__name__}")
+    if not isinstance(top_p, torch.Tensor) or not top_p.is_floating_point():
+        raise TypeError(f"top_p must be a floating-point tensor [{B}], got {type(top_p).__name__}")
+    for name, x in (("top_k", top_k), ("top_p", top_p)):
+        if x.shape != (B,):
+            raise ValueError(f"{name} must have shape ({B},) like temperature, got {tuple(x.shape)}")
+        if x.device != temperature.device:
+            raise ValueError(f"{name} is on {x.device} but temperature is on {temperature.device}")
+    if not isinstance(generators, (list, tuple)) or len(generators) != B:
+        raise ValueError(f"generators must be a list of {B} entries (one per request), got {type(generators).__name__}")
+    for b, gen in enumerate(generators):
+        if gen is not None and not isinstance(gen, torch.Generator):
+            raise TypeError(f"generators[{b}] must be a torch.Generator or None, got {type(gen).__name__}")
+    rules = [("temperature", temperature, torch.isfinite(temperature) & (temperature >= 0), "finite and >= 0"),
+             ("top_k", top_k, top_k >= 0, ">= 0 (0 = off)"),
+             ("top_p", top_p, (top_p > 0) & (top_p <= 1), "in (0, 1] (1 = off)")]
+    for name, x, ok, rule in rules:
+        if not ok.all():
+            b = int((~ok).nonzero()[0, 0])
+            raise ValueError(f"{name} must be {rule}; {name}[{b}] is {x[b].item()}")
+    if processors is not None and not isinstance(processors, ProcessorRows):
+        raise TypeError(f"processors must be None or a ProcessorRows, got {type(processors).__name__}")
+    min_p = None if processors is None else processors.min_p
+    if min_p is not None and ((min_p < 0) | (min_p > 1)).any():
+        raise ValueError("processors.min_p must lie in [0, 1]")
+
+@dataclass(eq=False)
+class SamplingMetadata:
+    "Per-request sampling settings of one step as [B] tensors (vLLM's name): what the sampler needs of the engine."
+    temperature: Tensor                            # [B] float64, 0 = greedy
+    top_k: Tensor                                  # [B] int64, 0 = off
+    top_p: Tensor                                  # [B] float64, 1 = off
+    generators: list                               # [B] torch.Generator of each request (requests may share one)
+    processors: ProcessorRows | None = None        # per request: history-dependent fields (above); None = off
+    check: InitVar[bool] = True                    # False: the caller validated the settings; store them as given
+    is_greedy: Tensor = field(init=False)          # [B] bool: temperature == 0
+    all_greedy: bool = field(init=False)           # every request greedy: the sampler's early return
+
+    def __post_init__(self, check: bool) -> None:
+        if check:
+            _check_settings(self.temperature, self.top_k, self.top_p, self.generators, self.processors)
+        self.temperature = self.temperature.to(torch.float64)
+        self.top_k = self.top_k.to(torch.int64)
+        self.top_p = self.top_p.to(torch.float64)
+        self.generators = list(self.generators)
+        self.is_greedy = self.temperature == 0
+        self.all_greedy = bool(self.is_greedy.all())
+
+    @classmethod
+    def from_lists(cls, temperature: Sequence[float], top_k: Sequence[int], top_p: Sequence[float],
+                   generators: Sequence[torch.Generator | None], device: torch.device | str | None = None,
+                   processors: ProcessorRows | None = None, *, check: bool = True) -> "SamplingMetadata":
+        "Build from one Python value per request (e.g. each request's SamplingParams); the tensors go to `device`."
+        for name, x, ints in (("temperature", temperature, False), ("top_k", top_k, True), ("top_p", top_p, False)):
+            if check and not _numbers(x, ints):
+                kind = "ints" if ints else "numbers"
+                raise TypeError(f"{name} must be a list of {kind}, one per request, got {x!r}")
+        gens = list(generators) if isinstance(generators, (list, tuple)) else generators
+        return cls(temperature=torch.tensor(temperature, dtype=torch.float64, device=device),
+                   top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
+                   top_p=torch.tensor(top_p, dtype=torch.float64, device=device), generators=gens,
+                   processors=processors, check=check)
+
+# %% ../nbs/03_sampling.ipynb #d3b00014
+def _check_sampler_inputs(metadata, logits, draft_probs, sampling) -> None:
+    "Validate `rejection_sampler`'s arguments before anything is drawn; the error names the argument."
+    if not isinstance(metadata, SpecDecodeIndices):
+        raise TypeError("metadata must describe a step (the fields of SpecDecodeIndices, e.g. a SpecDecodeMetadata), "
+                        f"got {type(metadata).__name__}")
+    if not isinstance(sampling, SamplingMetadata):
+        raise TypeError(f"sampling must be a SamplingMetadata, got {type(sampling).__name__}")
+    B = len(metadata.num_draft_tokens)
+    N = len(metadata.draft_token_ids)
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or not logits.is_floating_point():
+        got = f"{type(logits).__name__} {getattr(logits, 'shape', '')}"
+        raise TypeError(f"logits must be a 2-D floating-point tensor [N + B, vocab_size], got {got}")
+    if logits.shape[0] != N + B or logits.shape[1] == 0:
+        raise ValueError(f"logits must have N + B = {N + B} rows (the target's logits at the sampled positions) "
+                         f"and a vocabulary, got {tuple(logits.shape)}")
+    top = logits.amax(-1)                          # one pass: a row's max is NaN if any entry is
+    if torch.isnan(top).any() or torch.isposinf(top).any():
+        raise ValueError("logits contains NaN or +inf entries")
+    if torch.isneginf(top).any():
+        raise ValueError(f"logits row {int(torch.isneginf(top).nonzero()[0, 0])} is -inf everywhere: nothing to sample")
+    if len(sampling.temperature) != B:
+        raise ValueError(f"sampling holds the settings of {len(sampling.temperature)} requests, the metadata has {B}")
+    V = logits.shape[1]
+    d = metadata.draft_token_ids
+    if N and (int(d.min()) < 0 or int(d.max()) >= V):
+        raise ValueError(f"metadata.draft_token_ids must lie in [0, {V}), the vocabulary of logits")
+    if draft_probs is not None and check_prob_rows(draft_probs, "draft_probs", N).shape[1] != V:
+        raise ValueError(f"draft_probs must be [{N}, {V}] like the target rows, got {tuple(draft_probs.shape)}")
+
+def rows_at_positions(processors: ProcessorRows, metadata: SpecDecodeIndices) -> ProcessorRows:
+    "Per-request processor inputs -> one per sampled row: the settings repeated, the history grown by earlier drafts."
+    n = torch.as_tensor(metadata.num_draft_tokens, dtype=torch.int64)
+    owner = torch.repeat_interleave(torch.arange(len(n)), n + 1)
+    position = torch.arange(len(owner)) - torch.repeat_interleave(torch.cumsum(n + 1, 0) - (n + 1), n + 1)
+    rows = {f.name: getattr(processors, f.name) for f in fields(ProcessorRows)}
+    rows = {k: None if x is None or k == "output_counts" else x[owner.to(x.device)] for k, x in rows.items()}
+    if processors.output_counts is not None:
+        rows["output_counts"] = position_counts(processors.output_counts, metadata.draft_token_ids, n)
+    if processors.num_generated is not None:
+        rows["num_generated"] = rows["num_generated"] + position.to(rows["num_generated"].device)
+    return ProcessorRows(**rows)
+
+def rejection_sampler(metadata: SpecDecodeIndices, logits: Tensor, draft_probs: Tensor | None,
+                      sampling: SamplingMetadata, backend: str = "torch", *, check: bool = True) -> Tensor:
+    "One step's sampling: the target's [N + B, V] logits -> output_token_ids [B, max_spec_len + 1] (vLLM's forward)."
+    ops = get_backend(backend)
+    if check:                                      # once, at the edge: every piece below runs unchecked
+        _check_sampler_inputs(metadata, logits, draft_probs, sampling)
+    rows = None if sampling.processors is None else rows_at_positions(sampling.processors, metadata)
+    if rows is not None:                           # every position with the history plain decoding had there
+        logits = process_logits(logits, rows)
+    dev = logits.device
+    target_rows = metadata.target_logits_indices.to(dev)
+    bonus_rows = metadata.bonus_logits_indices.to(dev)
+    draft_token_ids = metadata.draft_token_ids.to(dev)
+    if sampling.all_greedy:                        # argmaxes only: no transforms, no softmax, no generator touched
+        argmax = logits.argmax(-1)
+        out = torch.full((len(bonus_rows), metadata.max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64,
+                         device=dev)
+        return ops.greedy_sample(out, metadata.cu_num_draft_tokens.to(dev), draft_token_ids, argmax[target_rows],
+                                 argmax[bonus_rows])
+    cu, R = metadata.cu_num_sampled_tokens, logits.shape[0]
+    temperature, top_k, top_p = (expand_batch_to_tokens(x, cu, R, check=False)
+                                 for x in (sampling.temperature, sampling.top_k, sampling.top_p))
+    min_p = 0.0 if rows is None or rows.min_p is None else rows.min_p
+    probs = sampling_probs(logits, temperature, top_k, top_p, min_p=min_p, check=False)
+    bonus = draw_tokens(probs[bonus_rows], sampling.is_greedy, sampling.generators, check=False)   # before the coins
+    return rejection_sample(draft_token_ids, metadata.num_draft_tokens, draft_probs, probs[target_rows], bonus,
+                            is_greedy=sampling.is_greedy.to(dev), generators=sampling.generators, backend=backend,
+                            check=False)

@@ -11,11 +11,13 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from speclab.metadata import (SamplingMetadata, SpecDecodeMetadata, draft_tokens_from_inputs, expand_batch_to_tokens,
-                              rejection_sampler)
+from speclab.metadata import SpecDecodeMetadata, draft_tokens_from_inputs
 from speclab.proof import LEVEL, chi_square_gof, detectable_tv, draws_for_tv
-from speclab.sampling import (PLACEHOLDER_TOKEN_ID, cu_num_draft_tokens, draw_tokens, rejection_sample,
-                              sampling_probs)
+import speclab.metadata as metadata
+import speclab.sampling as sampling_module
+from speclab.sampling import (PLACEHOLDER_TOKEN_ID, ProcessorRows, SamplingMetadata, SpecDecodeIndices,
+                              cu_num_draft_tokens, draw_tokens, expand_batch_to_tokens, rejection_sample,
+                              rejection_sampler, sampling_probs)
 
 
 @st.composite
@@ -399,6 +401,9 @@ BAD_SAMPLER = [
      "sampling holds"),
     (lambda md, lg, q, s: (md, lg, q, [1.0, 1.0, 1.0]), TypeError, "sampling must"),
     (lambda md, lg, q, s: (md.draft_token_ids, lg, q, s), TypeError, "metadata must"),
+    (lambda md, lg, q, s: (md, lg.index_fill(0, torch.tensor([1]), float("-inf")), q, s), ValueError, "logits row 1"),
+    (lambda md, lg, q, s: (md, lg.index_fill(1, torch.tensor([2]), float("inf")), q, s), ValueError, "\\+inf"),
+    (lambda md, lg, q, s: (md, lg[:, :0], None, s), ValueError, "logits must have"),
 ]
 
 
@@ -442,6 +447,13 @@ def test_sampling_metadata_bad_input(args, error, match):
         SamplingMetadata.from_lists(*args)
 
 
+def test_sampling_metadata_bad_processors():
+    with pytest.raises(TypeError, match="processors"):
+        SamplingMetadata.from_lists([1.0], [0], [1.0], [None], processors={"min_p": 0.1})
+    with pytest.raises(ValueError, match="min_p"):
+        SamplingMetadata.from_lists([1.0], [0], [1.0], [None], processors=ProcessorRows(min_p=torch.tensor([-0.1])))
+
+
 def test_sampling_metadata_fields():
     gen = torch.Generator()
     sm = SamplingMetadata(torch.tensor([0.0, 0.7], dtype=torch.float32), torch.tensor([0, 3], dtype=torch.int32),
@@ -453,3 +465,85 @@ def test_sampling_metadata_fields():
         SamplingMetadata([0.5], torch.tensor([0]), torch.tensor([1.0]), [None])
     with pytest.raises(TypeError, match="top_p"):
         SamplingMetadata(torch.tensor([0.5]), torch.tensor([0]), torch.tensor([1]), [None])
+
+
+# --- validation once, at the edge: the engine's trusted path ---------------------------------------------------------
+# The engine validates each request's SamplingParams once, when it is added, and builds the step's metadata and
+# settings itself; it calls SpecDecodeMetadata.from_drafts, SamplingMetadata.from_lists and rejection_sampler with
+# check=False. These tests pin that the trusted path computes the same thing and that no validator runs on it, and that
+# the checked path validates once (the pieces below rejection_sampler run unchecked).
+
+VALIDATORS = [(metadata, "check_drafts"), (sampling_module, "_check_settings"), (sampling_module, "_numbers"),
+              (sampling_module, "_check_sampler_inputs"), (sampling_module, "check_inputs"),
+              (sampling_module, "check_prob_rows"), (sampling_module, "_check_draw")]
+
+
+def engine_step(batch, seed, temperature, top_p, check):
+    "What the engine does at one verify step: metadata, settings, sampler; each with `check`."
+    drafts, cu_arg, _ = batch
+    drafts = [[t % 16 for t in d] for d in drafts]
+    md = SpecDecodeMetadata.from_drafts(drafts, None if cu_arg is None else torch.tensor(cu_arg), check=check)
+    _, logits, q = step_inputs(batch, seed)
+    gens = [torch.Generator().manual_seed(seed + b % 2) for b in range(len(drafts))]
+    sm = SamplingMetadata.from_lists(temperature, [0] * len(drafts), top_p, gens, check=check)
+    return md, rejection_sampler(md, logits, q, sm, check=check), states(sm)
+
+
+@settings(max_examples=30, deadline=None)
+@given(batches(), st.integers(0, 2**31 - 1), st.data())
+def test_trusted_path_equals_checked(batch, seed, data):
+    "check=False everywhere: the same metadata fields, the same tokens, the same generator states."
+    B = len(batch[0])
+    temperature = data.draw(st.lists(st.sampled_from([0.0, 0.7, 1.0]), min_size=B, max_size=B))
+    top_p = data.draw(st.lists(st.sampled_from([1.0, 0.8]), min_size=B, max_size=B))
+    (md_a, out_a, st_a), (md_b, out_b, st_b) = (engine_step(batch, seed, temperature, top_p, check)
+                                                for check in (True, False))
+    for name in ("draft_token_ids", "cu_num_draft_tokens", "cu_num_sampled_tokens", "target_logits_indices",
+                 "bonus_logits_indices", "logits_indices"):
+        assert torch.equal(getattr(md_a, name), getattr(md_b, name)), name
+    assert md_a.num_draft_tokens == md_b.num_draft_tokens and md_a.max_spec_len == md_b.max_spec_len
+    assert torch.equal(out_a, out_b)
+    assert all(torch.equal(x, y) for x, y in zip(st_a, st_b))
+
+
+def refuse(name):
+    def validator(*args, **kwargs):
+        raise AssertionError(f"{name} ran")
+    return validator
+
+
+@pytest.mark.parametrize("with_processors", [False, True])
+def test_trusted_path_runs_no_validator(monkeypatch, with_processors):
+    "The engine's trusted step calls none of the validators; the checked step still works beside it."
+    drafts = [[1, 2, 3], [], [4, 5]]
+    _, logits, q = step_inputs((drafts, None, None), 0)
+    procs = ProcessorRows(frequency_penalty=torch.tensor([0.5, 0.0, 1.0]), presence_penalty=torch.zeros(3),
+                          repetition_penalty=torch.ones(3), prompt_mask=torch.zeros(3, 16, dtype=torch.bool),
+                          output_counts=torch.zeros(3, 16, dtype=torch.int32)) if with_processors else None
+
+    def step(check):
+        md = SpecDecodeMetadata.from_drafts(drafts, torch.tensor([4, 20, 23]), check=check)
+        sm = SamplingMetadata.from_lists([0.0, 0.8, 1.0], [0, 3, 0], [1.0, 1.0, 0.9],
+                                         [torch.Generator().manual_seed(s) for s in range(3)], processors=procs,
+                                         check=check)
+        return rejection_sampler(md, logits, q, sm, check=check)
+    expected = step(True)
+    for module, name in VALIDATORS:
+        monkeypatch.setattr(module, name, refuse(name))
+    assert torch.equal(step(False), expected)
+    with pytest.raises(AssertionError, match="ran"):
+        step(True)
+
+
+def test_checked_sampler_validates_once(monkeypatch):
+    "rejection_sampler(check=True) validates its arguments once; the pieces it calls run unchecked."
+    md, logits, q = step_inputs(([[1, 2], [], [3]], None, None), 0)
+    sm = SamplingMetadata.from_lists([1.0, 0.7, 0.0], [0, 0, 0], [1.0, 0.9, 1.0],
+                                     [torch.Generator().manual_seed(s) for s in range(3)])
+    calls = []
+    real = sampling_module.check_prob_rows
+    monkeypatch.setattr(sampling_module, "check_prob_rows", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    for name in ("check_inputs", "_check_draw", "_check_settings"):
+        monkeypatch.setattr(sampling_module, name, refuse(name))
+    rejection_sampler(md, logits, q, sm)
+    assert calls == ["draft_probs"]                     # q read once, by the entry point; target rows never

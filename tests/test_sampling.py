@@ -425,3 +425,46 @@ def test_draw_tokens_law():
 def test_draw_tokens_bad_input(args, error, match):
     with pytest.raises(error, match=match):
         draw_tokens(*args)
+
+
+# --- check=False: the trusted path of each piece does the same arithmetic, without the checks -----------------------
+
+@pytest.mark.parametrize("method,recovery", PATHS)
+@pytest.mark.parametrize("use_draft_probs", [True, False])
+def test_unchecked_pieces_equal_checked(method, recovery, use_draft_probs):
+    "rejection_sample, sampling_probs and draw_tokens with check=False: the same outputs and generator states."
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(9, 16, generator=g) * 2
+    temperature, top_k = torch.tensor([0.0, 0.7, 1.3] * 3), torch.tensor([0, 3, 0] * 3)
+    top_p, min_p = torch.tensor([1.0, 1.0, 0.8] * 3), torch.tensor([0.0, 0.1, 0.0] * 3)
+    probs = sampling_probs(logits, temperature, top_k, top_p, min_p=min_p)
+    assert torch.equal(sampling_probs(logits, temperature, top_k, top_p, min_p=min_p, check=False), probs)
+    greedy = temperature == 0
+    bonus = draw_tokens(probs[:3], greedy[:3], [torch.Generator().manual_seed(1)] * 3)
+    assert torch.equal(draw_tokens(probs[:3], greedy[:3], [torch.Generator().manual_seed(1)] * 3, check=False), bonus)
+    drafts, n = torch.randint(16, (6,), generator=g), [3, 0, 3]
+    q = torch.softmax(torch.randn(6, 16, generator=g), -1) if use_draft_probs else None
+    outs, states = [], []
+    for check in (True, False):
+        gens = [torch.Generator().manual_seed(7), torch.Generator().manual_seed(8), torch.Generator().manual_seed(7)]
+        outs.append(rejection_sample(drafts, n, q, probs[3:], bonus, is_greedy=torch.tensor([False, True, False]),
+                                     generators=gens, method=method, recovery=recovery, check=check))
+        states.append([x.get_state() for x in gens])
+    assert torch.equal(outs[0], outs[1])
+    assert all(torch.equal(a, b) for a, b in zip(*states))
+
+
+def test_unchecked_rejection_sample_skips_the_row_checks(monkeypatch):
+    "check=False reads no probability row for validation: check_inputs is never called."
+    import speclab.sampling as sampling
+    target = torch.softmax(torch.randn(4, 8, generator=torch.Generator().manual_seed(0)), -1)
+    drafts, bonus = torch.tensor([1, 2, 3, 4]), torch.tensor([0, 5])
+    gens = lambda: [torch.Generator().manual_seed(3)] * 2
+    expected = rejection_sample(drafts, [2, 2], None, target, bonus, generators=gens())
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("check_inputs ran on the trusted path")
+    monkeypatch.setattr(sampling, "check_inputs", refuse)
+    assert torch.equal(rejection_sample(drafts, [2, 2], None, target, bonus, generators=gens(), check=False), expected)
+    with pytest.raises(AssertionError, match="trusted path"):
+        rejection_sample(drafts, [2, 2], None, target, bonus, generators=gens())

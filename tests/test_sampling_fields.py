@@ -15,7 +15,7 @@ of that window (and, after a rejection, of the next ones).
 * Greedy with every field equals plain greedy decoding token for token, against a reference written here one token at
   a time with a per-token Python loop over the vocabulary (independent of the batched tensor code), in every batch.
 * The Triton backend gets the same processed rows (the stage runs ahead of the kernels): its tokens equal torch's.
-* Planted bugs, as test-local variants of `speclab.metadata.rows_at_positions` (what the sampler uses to give each
+* Planted bugs, as test-local variants of `speclab.sampling.rows_at_positions` (what the sampler uses to give each
   position its history), must be REJECTED by the same counts test: the penalty history computed once per step (every
   position sees all of the step's drafts), the drafts' history missing at position i (every position sees only the
   committed tokens), and min_tokens decided at the window's start (every position gets the window's last count).
@@ -44,7 +44,7 @@ import numpy as np
 import pytest
 import torch
 
-import speclab.metadata as metadata
+import speclab.sampling as sampling
 from speclab.engine import (ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder, processor_rows,
                             request_probs)
 from speclab.proof import LEVEL, chi_square_gof, draws_for_law, law_detectable_tv
@@ -175,7 +175,7 @@ def test_sequence_law_uses_the_naive_processors():
 
 def planted_rows(bug: str):
     "A variant of rows_at_positions that gives every position of a window one wrong history (see the docstring)."
-    correct = metadata.rows_at_positions
+    correct = sampling.rows_at_positions
 
     def rows(processors, md):
         out = correct(processors, md)
@@ -196,13 +196,13 @@ def planted_rows(bug: str):
 @contextmanager
 def planted(bug: str | None):
     "Run the engine with a planted bug in the sampler's per-position histories (None: the real code)."
-    correct = metadata.rows_at_positions
+    correct = sampling.rows_at_positions
     if bug is not None:
-        metadata.rows_at_positions = planted_rows(bug)
+        sampling.rows_at_positions = planted_rows(bug)
     try:
         yield
     finally:
-        metadata.rows_at_positions = correct
+        sampling.rows_at_positions = correct
 
 
 # --- the engine runs -------------------------------------------------------------------------------------------------
