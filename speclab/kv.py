@@ -203,11 +203,10 @@ class BlockManager:
         r.num_tokens += len(tokens)
         if not self.enable_prefix_caching:
             return
-        r.tail += tokens
-        size = self.block_size
-        while len(r.tail) >= size:
-            r.block_hashes.append(block_hash(r.block_hashes[-1] if r.block_hashes else ROOT_HASH, r.tail[:size]))
-            del r.tail[:size]
+        tail, size = r.tail + tokens, self.block_size
+        full = len(tail) // size * size  # one pass over the new full blocks: linear in the tokens appended
+        r.block_hashes += hash_chain(tail[:full], size, r.block_hashes[-1] if r.block_hashes else ROOT_HASH)
+        r.tail = tail[full:]
 
     def _cache_block(self, b, key):
         self.cached[key], self.block_hash[b] = b, key

@@ -1,0 +1,144 @@
+"""Chapter 6's block manager before and after issue 26, side by side in one run: prefix-cache lookup and the reuse of
+a freed cached block.
+
+    python benchmarks/prefix_lookup.py                 # the old manager from git (--old-rev), the new from speclab
+    python benchmarks/prefix_lookup.py --repeats 50
+
+Lookup: a prompt of 256, 2,048 or 8,192 random token ids, blocks of 16, whose full blocks are all in the prefix cache
+(a request with the same prompt ran and finished first); the timed call is `add_request` of that prompt plus one new
+token, which looks the prompt up and claims every block. The old manager keys each block by the tuple of the whole
+prefix up to it (quadratic in the prompt); the new one by a chain of BLAKE2b digests (linear). Reported: the time per
+call and per prompt token; flat per token means linear.
+
+Reuse: a pool of 1,000, 10,000 or 100,000 blocks of 4, all free, half of them holding a cached one-block prefix; the
+timed call is `add_request` of a prompt whose first block is one of those, at a random place in the free blocks, so
+the manager takes it out of the middle of its free blocks (old: `list.remove`, a scan; new: an O(1) unlink). Each
+block goes back (`finish`, untimed) before the next call.
+
+The old manager is `speclab/kv.py` at `--old-rev` (the last commit before issue 26's manager), loaded from git into a
+temporary module; the two alternate call by call, so a busy machine slows both alike. Each figure is the least of
+`--repeats` calls: on a shared machine a call of a millisecond or more is often descheduled for a time slice (tens of
+ms) that has nothing to do with the code, and the least time is the one without that.
+"""
+import argparse
+import importlib.util
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_env import load_average, machine, utc_now
+
+import speclab.kv as new_kv
+
+OLD_REV = "f81bdbf"  # the commit before Chapter 6's production manager (issue 26)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    "The command line."
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--old-rev", default=OLD_REV, help=f"git revision of the old speclab/kv.py (default {OLD_REV})")
+    ap.add_argument("--repeats", type=int, default=30, help="timed calls per size and manager (default 30)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the prompts and the reuse order (default 0)")
+    a = ap.parse_args(argv)
+    if a.repeats < 1:
+        ap.error("--repeats must be >= 1")
+    return a
+
+
+def load_old(rev: str):
+    "speclab/kv.py as it was at `rev`, imported as a module of its own."
+    src = subprocess.run(["git", "show", f"{rev}:speclab/kv.py"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    path = Path(tempfile.mkdtemp()) / "old_kv.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("old_kv", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _timed(call) -> int:
+    t0 = time.perf_counter_ns()
+    call()
+    return time.perf_counter_ns() - t0
+
+
+def lookup_managers(mods: dict, prompt: list[int], block_size: int = 16) -> dict:
+    "One manager per module, each with every full block of `prompt` cached and free."
+    out = {}
+    for name, mod in mods.items():
+        m = mod.BlockManager(len(prompt) // block_size + 4, block_size)
+        m.add_request("warm", prompt + [1])
+        m.schedule("warm")
+        m.commit("warm", 0, [2])
+        m.finish("warm")
+        out[name] = m
+    return out
+
+
+def time_lookup(mods: dict, num_tokens: int, repeats: int, rng: random.Random) -> dict:
+    "Least ns of add_request for a fully cached prompt of `num_tokens`, per manager."
+    prompt = [rng.randrange(32000) for _ in range(num_tokens)]
+    managers, times = lookup_managers(mods, prompt), {name: [] for name in mods}
+    for i in range(repeats):
+        for name, m in managers.items():
+            times[name].append(_timed(lambda: m.add_request(i, prompt + [7])))
+            assert m.requests[i].num_computed_tokens == num_tokens, name  # every full block was a hit
+            m.finish(i)
+    return {name: min(t) for name, t in times.items()}
+
+
+def reuse_managers(mods: dict, num_blocks: int) -> dict:
+    "One manager per module: a pool of `num_blocks` blocks of 4, all free, half of them a cached one-block prefix."
+    out = {}
+    for name, mod in mods.items():
+        m = mod.BlockManager(num_blocks, 4)
+        for n in range(num_blocks // 2):
+            m.add_request(n, [n, 0, 0, 0, 1])  # one full block (cached at its first step) and one partial
+            m.schedule(n)
+            m.commit(n, 0, [2])
+        for n in range(num_blocks // 2):
+            m.finish(n)
+        out[name] = m
+    return out
+
+
+def time_reuse(mods: dict, num_blocks: int, repeats: int, rng: random.Random) -> dict:
+    "Least ns of add_request whose first block is a free cached block at a random place in the free blocks."
+    managers, times = reuse_managers(mods, num_blocks), {name: [] for name in mods}
+    for i in range(repeats):
+        n = rng.randrange(num_blocks // 2)
+        for name, m in managers.items():
+            times[name].append(_timed(lambda: m.add_request(("hit", i), [n, 0, 0, 0, 9])))
+            assert m.requests[("hit", i)].num_computed_tokens == 4, name  # the cached block was found
+            m.finish(("hit", i))
+    return {name: min(t) for name, t in times.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
+    mods = {"old": load_old(a.old_rev), "new": new_kv}
+    rng = random.Random(a.seed)
+    print(f"{utc_now()}; {machine()}; load average {load_average()} at start; Python {sys.version.split()[0]}")
+    print(f"old: speclab/kv.py at {a.old_rev}; new: speclab.kv of this tree; {a.repeats} timed calls each, the least\n")
+    print("| prompt tokens (blocks of 16, all cached) | old µs per lookup | new µs per lookup "
+          "| old ns per token | new ns per token | old / new |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n in (256, 2048, 8192):
+        t = time_lookup(mods, n, a.repeats, rng)
+        print(f"| {n:,} | {t['old'] / 1e3:,.1f} | {t['new'] / 1e3:,.1f} | {t['old'] / n:,.0f} | {t['new'] / n:,.0f} "
+              f"| {t['old'] / t['new']:,.1f} |")
+    print("\n| pool (blocks of 4; half cached, all free) | old µs per reuse | new µs per reuse | old / new |")
+    print("|---:|---:|---:|---:|")
+    for num_blocks in (1_000, 10_000, 100_000):
+        t = time_reuse(mods, num_blocks, a.repeats, rng)
+        print(f"| {num_blocks:,} | {t['old'] / 1e3:,.1f} | {t['new'] / 1e3:,.1f} | {t['old'] / t['new']:,.1f} |")
+    print(f"\nload average {load_average()} at the end")
+
+
+if __name__ == "__main__":
+    main()
