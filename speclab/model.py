@@ -7,7 +7,7 @@ __all__ = ['ROPE_TYPES', 'DEFAULT_ROPE_THETA', 'PACKED_MODULES', 'Attend', 'TOKE
            'rope_cos_sin', 'apply_rope', 'packed_rows', 'RMSNorm', 'Llama', 'hf_state_dict', 'pack_state_dict', 'mlp',
            'decoder_layer', 'KVCache', 'cache_attend', 'forward', 'PagedBatch', 'paged_batch', 'paged_cache',
            'paged_attend', 'paged_logits', 'forward_paged', 'compile_paged', 'checkpoint_folder', 'load_state_dict',
-           'load_model', 'load_tokenizer', 'generate']
+           'load_model', 'load_tokenizer', 'generate', 'Detokenizer']
 
 # %% ../nbs/07_model.ipynb #ee87f1eb
 import itertools
@@ -659,3 +659,137 @@ def generate(model: Llama, tokenizer: Any | None, prompt: str | list[int], max_n
             break
         logits = forward(model, torch.tensor([[tok]]), cache)[:, -1]
     return out
+
+# %% ../nbs/07_model.ipynb #dt0c0001
+import bisect
+from collections.abc import Collection, Sequence
+
+class Detokenizer:
+    "One request's output text, decoded incrementally (vLLM's offsets), with stop strings found as the text grows."
+    def __init__(self, tokenizer: Any, stop: Sequence[str] = (), skip_ids: Collection[int] = ()):
+        if isinstance(stop, str) or not all(isinstance(s, str) for s in stop):
+            raise TypeError(f"stop must be a sequence of strings, got {stop!r}")
+        if not all(stop):
+            raise ValueError("stop strings must not be empty")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in skip_ids):
+            raise TypeError(f"skip_ids must be token ids (ints), got {skip_ids!r}")
+        self.tokenizer = tokenizer
+        self.stop = tuple(stop)
+        self.skip_ids = frozenset(skip_ids)
+        self.stopped = False             # a stop string appeared: text is cut before it, push refuses more tokens
+        self.finished = False            # finish() was called: all of text is visible
+        self.ids = []                    # the ids decoded so far, skip_ids dropped
+        self.prefix_offset = 0           # ids[prefix_offset:read_offset] are the context the new tokens decode in
+        self.read_offset = 0             # ids[:read_offset] decode to the confirmed text
+        self.prefix_text = ""            # the decode of ids[prefix_offset:read_offset] on their own
+        self.pieces = []                 # the confirmed text, one piece per confirmation: never changes once written
+        self.starts = []                 # where each piece starts in the text
+        self.length = 0                  # characters confirmed
+        self.pending = ""                # the text past the confirmed part: it may end in an incomplete character
+        self.cut = None                  # where text ends once a stop string appeared
+        self.taken = 0                   # characters handed out by take()
+        self.override = None             # the decode of all ids, while it disagrees with the confirmed text
+        self.lookback = max(map(len, self.stop), default=1) - 1   # a new stop string may begin this far back
+
+    def push(self, token_id: int) -> bool:
+        "Append one token; True once a stop string is in the text (the ids so far, skip_ids dropped, decoded)."
+        if isinstance(token_id, bool) or not isinstance(token_id, int):
+            raise TypeError(f"token_id must be an int, got {type(token_id).__name__}")
+        if token_id < 0:
+            raise ValueError(f"token_id must be >= 0, got {token_id}")
+        if self.stopped or self.finished:
+            raise ValueError("push after the text ended (a stop string appeared or finish() was called)")
+        if token_id in self.skip_ids:
+            return False
+        self.ids.append(token_id)
+        before = self.length
+        window = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        if not window.startswith(self.prefix_text):   # the new token changed text already read
+            return self.reread()
+        self.override = None
+        self.pending = window[len(self.prefix_text):]
+        if self.pending and not self.pending.endswith("\ufffd"):   # whole characters: confirm them, move the offsets
+            self.confirm(len(self.ids))
+        return self.find_stop(max(before - self.lookback, 0))
+
+    def confirm(self, read_offset: int) -> None:
+        "The pending text is whole characters: it joins the confirmed text; the lookback moves to the ids just read."
+        self.starts.append(self.length)
+        self.pieces.append(self.pending)
+        self.length += len(self.pending)
+        self.pending = ""
+        self.prefix_offset = self.read_offset
+        self.read_offset = read_offset
+        self.prefix_text = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
+
+    def reread(self) -> bool:
+        "Decode all ids: the window disagreed with the text read (byte fallback mid-character, a clean-up of spaces)."
+        full = self.tokenizer.decode(self.ids)
+        confirmed = self.slice(0, self.length)
+        self.pending = ""
+        self.override = None
+        if full.startswith(confirmed):                  # the text read stands: the rest is pending
+            self.pending = full[len(confirmed):]
+        elif full.endswith("\ufffd"):                   # a character is being written: text is the full decode,
+                                                        # the stream keeps what was read until the character is whole
+            self.override = full
+        else:                                           # the text read changed for good: it is all of the decode
+            self.pieces, self.starts, self.length = [], [], 0
+            self.pending = full
+        if self.pending and not self.pending.endswith("\ufffd"):
+            self.confirm(len(self.ids))
+        return self.find_stop(0)
+
+    def find_stop(self, start: int) -> bool:
+        "Look for the stop strings in the text from start on; cut the text before the first one found."
+        if not self.stop:
+            return False
+        region = self.slice(start, self.size()) if self.override is None else self.override[start:]
+        found = [i for i in (region.find(s) for s in self.stop) if i >= 0]
+        if found:
+            self.cut = start + min(found)
+            self.stopped = True
+        return self.stopped
+
+    def slice(self, start: int, end: int) -> str:
+        "Characters start:end of the confirmed and pending text, joining only the pieces they span."
+        i = max(bisect.bisect_right(self.starts, start) - 1, 0)
+        base = self.starts[i] if self.pieces else 0
+        return "".join(self.pieces[i:] + [self.pending])[start - base:end - base]
+
+    @property
+    def text(self) -> str:
+        "All text so far, skip_ids dropped; cut before the first stop string once one appeared."
+        text = self.slice(0, self.size()) if self.override is None else self.override
+        return text if self.cut is None else text[:self.cut]
+
+    def size(self) -> int:
+        "The number of characters of text so far (before a cut)."
+        return len(self.override) if self.override is not None else self.length + len(self.pending)
+
+    def visible_end(self) -> int:
+        "Where the streamable prefix of text ends: before an incomplete character and before a possible stop start."
+        if self.cut is not None:
+            return self.cut
+        if self.finished:
+            return self.size()
+        end = self.length + len(self.pending.rstrip("\ufffd"))   # pending is empty under an override
+        recent = self.slice(max(end - self.lookback, 0), end)
+        return end - max((k for s in self.stop for k in range(1, len(s)) if recent.endswith(s[:k])), default=0)
+
+    def visible(self) -> str:
+        "The prefix of text safe to stream; all of text once stopped or finished."
+        if self.override is not None and (self.stopped or self.finished):
+            return self.text
+        return self.slice(0, self.visible_end())
+
+    def take(self) -> str:
+        "The visible text no earlier take() returned: what a stream sends next (reads only the recent pieces)."
+        end = self.visible_end()
+        new = self.visible()[self.taken:end] if self.override is not None else self.slice(self.taken, end)
+        self.taken = max(end, self.taken)
+        return new
+
+    def finish(self) -> None:
+        "The request ended (length, a stop token, an abort): a trailing incomplete character or stop start shows."
+        self.finished = True
