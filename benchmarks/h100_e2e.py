@@ -29,7 +29,7 @@ then the median of repeats. A failed capture falls back to eager and the record 
 Section 6 and acceptance. Random weights make the draft's acceptance meaningless (E ~ 1), so with random weights the
 batch sweep (run "synthetic") uses speclab.acceptance.SyntheticSampler at --alpha: the real engine, the real drafter,
 its real forwards, but acceptance coins at fixed rates instead of the target's law (NOT exact: timing only). Two exact
-runs (speclab.metadata.rejection_sampler) stand beside it: "draft" (the draft model at every B: its outputs must equal
+runs (speclab.sampling.rejection_sampler) stand beside it: "draft" (the draft model at every B: its outputs must equal
 plain decoding's, its E is what random weights give) and "self" at the smallest B (the target drafts for itself: a
 100% acceptance sanity line, E = kappa + 1). With --target/--draft the sweep is exact. In bf16 an argmax near-tie can
 flip between a one-token decode and a (kappa + 1)-token verify (other GEMM shapes, other rounding), and random weights
@@ -63,7 +63,7 @@ import speclab  # noqa: E402
 import speclab.engine  # noqa: E402
 from speclab.acceptance import SyntheticSampler  # noqa: E402
 from speclab.engine import ModelDrafter, SamplingParams, SpecDecoder  # noqa: E402
-from speclab.metadata import rejection_sampler  # noqa: E402
+from speclab.sampling import rejection_sampler  # noqa: E402
 from speclab.model import (KVCache, Llama, LlamaArgs, decoder_layer, forward, forward_paged,  # noqa: E402
                            load_model, rope_cos_sin, rope_inv_freq)
 from speclab.roofline import (ModelSpec, batch_speedup, cost_ratio, crossing_batch, decode_floor_s,  # noqa: E402

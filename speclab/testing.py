@@ -242,7 +242,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import fields, replace
 
-from .metadata import expand_batch_to_tokens
+from .sampling import expand_batch_to_tokens
 from .sampling import PLACEHOLDER_TOKEN_ID, ProcessorRows, process_logits, sampling_probs
 
 FAULTS = {

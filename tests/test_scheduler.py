@@ -731,7 +731,7 @@ def test_a_burst_sharing_a_prefix_computes_it_once():
 def test_q_rows_only_when_someone_reads_them():
     """An all-greedy step hands the sampler no draft q (its greedy path compares argmaxes); a step with one sampled
     request hands it every q row, one per draft token."""
-    from speclab.metadata import rejection_sampler
+    from speclab.sampling import rejection_sampler
     seen = []
 
     def spy(metadata, logits, draft_probs, sampling, backend):
