@@ -363,22 +363,22 @@ class EagleDrafter:
         return hidden[pb.last_token_indices]
 
     @torch.no_grad()
-    def propose(self, batch: list[RequestState], kappas: list[int]) -> tuple[list[list[int]], torch.Tensor | None]:
-        "Catch the head up on the verified positions, then draft: per request its drafts, and their q rows."
+    def propose(self, batch: list[RequestState], kappas: list[int]) -> tuple[list[list[int]], torch.Tensor | None,
+                                                                             list[int]]:
+        "Catch the head up on the verified positions, then draft: drafts, their q rows, head positions now cached."
         self.trusted = {r.req_id: self.trusted[r.req_id] for r in batch if r.req_id in self.trusted}
-        ends = [min(len(r.tokens), r.num_computed_tokens + 1) for r in batch]      # the feature lag: one position
+        ends = [min(len(r.token_ids), r.num_computed_tokens + 1) for r in batch]      # the feature lag: one position
         starts = [min(r.num_draft_computed, self.trusted.get(r.req_id, 0), e - 1) for r, e in zip(batch, ends)]
         slots, blocks = [], []
         for r, s, e in zip(batch, starts, ends):
             slots += self._slots(r, self.feature_positions(r, s, e))
-            blocks.append(r.tokens[s:e])
+            blocks.append(r.token_ids[s:e])
         idx = torch.tensor(slots, device=self.features.device)
         fused = self.head.fc(self.features[idx.clamp(min=0)] * (idx >= 0)[:, None])
         hidden = self._run(batch, starts, blocks, fused)
         for r, e in zip(batch, ends):
-            r.num_draft_computed = e
             self.trusted[r.req_id] = e
-        kap = torch.tensor([k if e == len(r.tokens) else 0 for r, k, e in zip(batch, kappas, ends)])
+        kap = torch.tensor([k if e == len(r.token_ids) else 0 for r, k, e in zip(batch, kappas, ends)])
         K = int(kap.max()) if len(kap) else 0
         toks = torch.zeros(len(batch), K, dtype=torch.int64)
         live = (kap > 0).nonzero()[:, 0]
@@ -398,9 +398,9 @@ class EagleDrafter:
                 hidden = hidden.index_copy(0, rows, own)
         drafts = [row[:k] for row, k in zip(toks.tolist(), kap.tolist())]
         if not qs or all_greedy:
-            return drafts, None
+            return drafts, None, ends
         order = torch.cat(keys).argsort().to(qs[0].device)
-        return drafts, torch.cat(qs)[order]
+        return drafts, torch.cat(qs)[order], ends
 
 # %% ../nbs/12_eagle.ipynb #dc24d7d9
 @torch.no_grad()

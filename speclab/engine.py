@@ -6,24 +6,24 @@
 __all__ = ['WAITING', 'RUNNING', 'FINISHED', 'DRAFT_SALT', 'DEFAULT_KV_BYTES', 'SamplingParams', 'check_processor_fields',
            'Output', 'RequestState', 'StepOutput', 'ngram_propose', 'NgramDrafter', 'processor_rows', 'take_rows',
            'grow_history', 'batch_processors', 'request_probs', 'ModelDrafter', 'SpecMetrics', 'kappa_for_batch',
-           'check_schedule', 'stop_cut', 'final_text', 'Scheduler', 'check_engine_args', 'check_pair', 'check_batch',
-           'SpecDecoder', 'prompt_ids', 'new_request', 'request_blocks', 'block_bytes', 'pool_blocks', 'make_pool',
-           'size_pool', 'check_fits', 'lookahead', 'step_kappas', 'propose', 'verify', 'prompt_logprobs',
-           'emitted_logprobs', 'commit', 'emit']
+           'check_schedule', 'StepPlan', 'Proposal', 'Scheduler', 'check_engine_args', 'check_pair', 'check_batch',
+           'SchedulerStats', 'SpecDecoder', 'prompt_ids', 'new_request', 'request_blocks', 'block_bytes', 'pool_blocks',
+           'check_fits', 'ModelRunner', 'prompt_logprobs', 'emitted_logprobs']
 
 # %% ../nbs/08_engine.ipynb #fba7d837
+import copy
 import math
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from .kv import BlockManager, Request
 from .metadata import SamplingMetadata, SpecDecodeMetadata, rejection_sampler
-from .model import KVCache, Llama, forward, forward_paged, paged_batch, paged_cache
+from .model import Detokenizer, KVCache, Llama, forward, forward_paged, paged_batch, paged_cache
 from .sampling import (PLACEHOLDER_TOKEN_ID, ProcessorRows, draw_tokens, process_logits, sampling_probs,
                               token_counts)
 
@@ -145,29 +145,42 @@ WAITING, RUNNING, FINISHED = "waiting", "running", "finished"  # a request's sta
 
 @dataclass(eq=False)
 class RequestState:
-    "One request in the engine: what it asked for, what it emitted, its generators, its KV record and its status."
+    """One request, the engine's only record of it: the scheduler, the runner, the drafters and the server read it.
+
+    One writer per field: the scheduler writes the tokens, the status, the draft's computed count, the counters and
+    the text; the block manager its allocation (`kv`: block table and `num_computed_tokens`)."""
     req_id: int
-    prompt_ids: list                   # the prompt's token ids
+    token_ids: list                    # the prompt, then every emitted token
+    num_prompt_tokens: int
     params: SamplingParams
     stop_ids: frozenset                # stop token ids (the EOS included unless ignore_eos)
     target_gen: torch.Generator        # bonus tokens, acceptance coins, recovered tokens
     draft_gen: torch.Generator         # the drafter's draws
-    output_ids: list = field(default_factory=list)
+    detokenizer: Detokenizer | None = None   # its text, decoded as it grows, and its stop strings (needs a tokenizer)
     status: str = WAITING
-    kv: Request | None = None        # Chapter 6's record while admitted: tokens, block table, num_computed_tokens
+    kv: Request | None = None          # Chapter 6's allocation while admitted: block table, num_computed_tokens
     num_draft_computed: int = 0        # positions whose draft K/V are in the cache (the draft lags the target)
+    num_text_sent: int = 0             # characters of the text already handed out in StepOutput.new_text
     num_steps: int = 0                 # speculative steps that emitted tokens for this request
     num_drafts: int = 0                # steps that drafted for it, drafted tokens, accepted drafts
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     logprobs: list = field(default_factory=list)           # per emitted token, when params.logprobs is set
-    step_logprobs: list = field(default_factory=list)      # this step's, before the stop cut
     on_tokens: Callable[[list[int]], None] | None = None
 
     @property
-    def tokens(self) -> list[int]:
-        "The context: prompt and every emitted token (Chapter 6's finalized tokens once admitted)."
-        return self.kv.tokens if self.kv is not None else self.prompt_ids + self.output_ids
+    def prompt_ids(self) -> list[int]:
+        "The prompt's token ids."
+        return self.token_ids[:self.num_prompt_tokens]
+
+    @property
+    def output_ids(self) -> list[int]:
+        "The tokens emitted so far."
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
 
     @property
     def block_table(self) -> list[int]:
@@ -181,13 +194,35 @@ class RequestState:
 
     def num_tokens_to_compute(self, lookahead: int = 0) -> int:
         "Target positions this step computes: the context its cache lacks plus `lookahead` drafts."
-        return len(self.tokens) - self.num_computed_tokens + lookahead
+        return len(self.token_ids) - self.num_computed_tokens + lookahead
+
+    def append(self, new: list[int]) -> tuple[list[int], str | None]:
+        "Append a step's tokens up to the first stop (token, string) or max_tokens: (tokens kept, finish reason)."
+        room = self.params.max_tokens - self.num_output_tokens
+        for i, t in enumerate(new[:room]):
+            self.token_ids.append(t)
+            stopped = self.detokenizer is not None and self.detokenizer.push(t)
+            if t in self.stop_ids or stopped:
+                return new[:i + 1], "stop"
+        kept = new[:room]
+        return kept, "length" if self.num_output_tokens == self.params.max_tokens else None
+
+    def text_delta(self, finished: bool) -> str:
+        "The text made visible since the last call (all of what is left once finished; '' without a tokenizer)."
+        if self.detokenizer is None:
+            return ""
+        text = self.detokenizer.text if finished else self.detokenizer.visible()
+        delta = text[self.num_text_sent:]
+        self.num_text_sent = max(self.num_text_sent, len(text))
+        return delta
 
 @dataclass
 class StepOutput:
-    "What one step did for one request: the tokens it emitted now, and its `Output` if it finished."
+    "What one step did for one request: the tokens and text it emitted now, and its `Output` if it finished."
     req_id: int
     new_token_ids: list
+    new_text: str = ""                 # text made visible by this step (stop strings and split characters held back)
+    num_prompt_tokens: int = 0
     finished: Output | None = None
 
 # %% ../nbs/08_engine.ipynb #8f92b57b
@@ -215,7 +250,7 @@ class NgramDrafter:
 
     def propose(self, batch: list[RequestState], kappas: list[int]) -> tuple[list[list[int]], None]:
         "Per request: up to kappa looked-up tokens (none where kappa is 0), and no q rows."
-        return [ngram_propose(r.tokens, k, self.n, self.min_n) if k > 0 else [] for r, k in zip(batch, kappas)], None
+        return [ngram_propose(r.token_ids, k, self.n, self.min_n) if k > 0 else [] for r, k in zip(batch, kappas)], None
 
 # %% ../nbs/08_engine.ipynb #6891c6c6
 def _items(params, name):
@@ -308,16 +343,12 @@ class ModelDrafter:
         self.block_size = block_size
         self.sliding_window = sliding_window
 
-    def _feed(self, batch: list[RequestState], blocks: list[list[int]]) -> torch.Tensor:
-        "Run each request's block of new tokens at its next draft positions; the logits of each block's last token."
-        starts = [r.num_draft_computed for r in batch]
+    def _feed(self, batch: list[RequestState], starts: list[int], blocks: list[list[int]]) -> torch.Tensor:
+        "Feed each request's block of new tokens at draft positions starts[b], ...; logits of each block's last token."
         pb = paged_batch(blocks, starts, [r.block_table for r in batch], self.block_size,
                          self.model.head_weight.device, self.sliding_window)
         last = torch.tensor([len(b) for b in blocks]).cumsum(0) - 1
-        logits = forward_paged(self.model, self.cache, pb, last.to(self.model.head_weight.device))
-        for r, b in zip(batch, blocks):
-            r.num_draft_computed += len(b)
-        return logits
+        return forward_paged(self.model, self.cache, pb, last.to(self.model.head_weight.device))
 
     def _draw(self, logits: torch.Tensor, batch: list[RequestState], all_greedy: bool,
               rows: ProcessorRows | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -332,13 +363,16 @@ class ModelDrafter:
         q = request_probs(logits, [r.params for r in batch])
         return draw_tokens(q, [r.params.greedy for r in batch], [r.draft_gen for r in batch]), q
 
-    def propose(self, batch: list[RequestState], kappas: list[int]) -> tuple[list[list[int]], torch.Tensor | None]:
-        "Per request: kappa drafts, and the q rows they were drawn from ([sum of kappas, V], request by request)."
+    def propose(self, batch: list[RequestState], kappas: list[int]) -> tuple[list[list[int]], torch.Tensor | None,
+                                                                             list[int]]:
+        "Per request: kappa drafts, their q rows ([sum of kappas, V], request by request), draft positions now cached."
         K = max(kappas, default=0)
         kap = torch.tensor(kappas)
         toks = torch.zeros(len(batch), K, dtype=torch.int64)
         qs, keys = [], []
-        logits = self._feed(batch, [r.tokens[r.num_draft_computed:] for r in batch])   # catch up every request
+        computed = [len(r.token_ids) for r in batch]                       # after the catch-up below
+        logits = self._feed(batch, [r.num_draft_computed for r in batch],
+                            [r.token_ids[r.num_draft_computed:] for r in batch])   # catch up every request
         live = (kap > 0).nonzero()[:, 0]
         logits = logits[live.to(logits.device)]
         all_greedy = all(r.params.greedy for r in batch)
@@ -351,12 +385,16 @@ class ModelDrafter:
             keys.append(live * K + j)
             live = live[kap[live] > j + 1]                     # the last draft is drawn but never fed
             if len(live):
-                logits = self._feed([batch[i] for i in live.tolist()], [[t] for t in toks[live, j].tolist()])
+                rows = live.tolist()
+                logits = self._feed([batch[i] for i in rows], [computed[i] for i in rows],
+                                    [[t] for t in toks[live, j].tolist()])
+                for i in rows:
+                    computed[i] += 1
         drafts = [row[:k] for row, k in zip(toks.tolist(), kappas)]
         if not qs or all_greedy:
-            return drafts, None
+            return drafts, None, computed
         order = torch.cat(keys).argsort().to(qs[0].device)    # rows were made position by position: reorder by request
-        return drafts, torch.cat(qs)[order]
+        return drafts, torch.cat(qs)[order], computed
 
 # %% ../nbs/08_engine.ipynb #43d0fb10
 @dataclass
@@ -429,43 +467,40 @@ def check_schedule(kappa: int | dict[int, int]) -> int | dict[int, int]:
             raise ValueError(f"kappa schedule keys must be batch sizes >= 1, got {bmax!r}")
     return kappa
 
-# %% ../nbs/08_engine.ipynb #a87e91fb
-def stop_cut(new: list[int], generated: list[int], params: SamplingParams, stop_ids: set[int],
-             tokenizer: Any | None) -> tuple[int, str | None]:
-    "How many of the new tokens to keep, and whether a stop token or string ended the request there."
-    keep = min(len(new), params.max_tokens - len(generated))
-    reason = "length" if len(generated) + keep == params.max_tokens else None
-    for i, t in enumerate(new[:keep]):
-        if t in stop_ids:
-            keep = i + 1
-            reason = "stop"
-            break
-    if params.stop:
-        for j in range(1, keep + 1):                     # the first token after which a stop string is in the text
-            text = tokenizer.decode(generated + new[:j])
-            if any(s in text for s in params.stop):
-                return j, "stop"
-    return keep, reason
-
-def final_text(token_ids: list[int], params: SamplingParams, stop_ids: set[int], tokenizer: Any | None) -> str | None:
-    "The text of a finished request: stop tokens dropped, cut before the first stop string."
-    if tokenizer is None:
-        return None
-    text = tokenizer.decode([t for t in token_ids if t not in stop_ids])
-    cuts = [text.find(s) for s in params.stop if s in text]
-    return text[:min(cuts)] if cuts else text
-
 # %% ../nbs/08_engine.ipynb #a1b2c3d5
+@dataclass
+class StepPlan:
+    "The scheduler's decision for one step: the requests that run and the drafts each may get (slots reserved)."
+    requests: list                     # RequestState, oldest admission first
+    kappas: list                       # per request: the most drafts it gets this step
+    num_preempted: int = 0             # requests sent back to the queue to make room
+
+class Proposal(NamedTuple):
+    "A drafter's answer: drafts per request, their q rows, and how many draft positions each request's cache holds now."
+    drafts: list
+    draft_probs: torch.Tensor | None = None
+    num_draft_computed: list | None = None   # None: the drafter keeps no K/V (n-gram lookup)
+
 class Scheduler:
-    "Waiting and running queues over Chapter 6's block manager: admission by free blocks, preemption by recompute."
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    "Waiting and running queues over Chapter 6's block manager: plans a step, and applies what the step produced."
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 kappa: int | dict[int, int] = 0, context: float = math.inf):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.kappa = kappa                # a schedule {max batch size: kappa} or one kappa; 0 = plain decoding
+        self.kappa_max = kappa if isinstance(kappa, int) else max(kappa.values())
+        self.context = context
         self.waiting = deque()
         self.running = {}              # req_id -> RequestState, oldest admission first
         self.num_preemptions = 0
         self.num_cached_tokens = 0     # prompt tokens admitted requests found in the prefix cache
+
+    def lookahead(self, r: RequestState) -> int:
+        "The most drafts r may get this step (the slots to reserve): its kappa cap, its tokens and context left."
+        cap = self.kappa_max if r.params.kappa is None else min(r.params.kappa, self.kappa_max)
+        room = min(r.params.max_tokens - r.num_output_tokens - 1, self.context - len(r.token_ids))
+        return max(0, min(cap, room))
 
     def add(self, r: RequestState) -> None:
         "Queue a request; it joins the running batch at a step boundary when it fits."
@@ -494,40 +529,41 @@ class Scheduler:
     def _fits(self, r: RequestState, lookahead: int) -> bool:
         return self.block_manager.blocks_needed(r.req_id, lookahead) <= self.block_manager.free_blocks
 
-    def _keep_running(self, lookahead: Callable[[RequestState], int]) -> bool:
+    def _keep_running(self) -> int:
         "Reserve this step's slots for every running request, preempting the newest while blocks are short."
-        preempted = False
+        preempted = 0
         size = self.block_manager.block_size
         for r in list(self.running.values()):
             if r.req_id not in self.running:                   # preempted to make room for an older request
                 continue
-            k = lookahead(r)
-            if len(r.block_table) * size >= len(r.tokens) + k:  # the usual case: its blocks already cover the step
+            k = self.lookahead(r)
+            if len(r.block_table) * size >= len(r.token_ids) + k:   # the usual case: its blocks cover the step
                 continue
             while not self._fits(r, k):
                 victim = next(reversed(self.running.values()))
                 self.preempt(victim)
-                preempted = True
+                preempted += 1
                 if victim is r:
                     break
             if r.req_id in self.running:
                 self.block_manager.reserve(r.req_id, k)
         return preempted
 
-    def _admit(self, lookahead: Callable[[RequestState], int]) -> None:
+    def _admit(self) -> None:
         "Move waiting requests into the batch while sequences, batched tokens and blocks allow."
         bm = self.block_manager
-        budget = self.max_num_batched_tokens - sum(r.num_tokens_to_compute(lookahead(r)) for r in self.running.values())
+        budget = self.max_num_batched_tokens - sum(r.num_tokens_to_compute(self.lookahead(r))
+                                                   for r in self.running.values())
         computing = set()                                      # first blocks this step will compute, not yet cached
         while self.waiting and len(self.running) < self.max_num_seqs:
             r = self.waiting[0]
-            first = tuple(r.prompt_ids[:bm.block_size])
-            if r.kv is None and bm.enable_prefix_caching and len(r.prompt_ids) > bm.block_size and first in computing:
+            first = tuple(r.token_ids[:bm.block_size])
+            if r.kv is None and bm.enable_prefix_caching and len(r.token_ids) > bm.block_size and first in computing:
                 break                                          # wait one step: it will find that block cached
             if r.kv is None:
-                bm.add_request(r.req_id, r.prompt_ids + r.output_ids)
+                bm.add_request(r.req_id, r.token_ids)
                 r.kv = bm.requests[r.req_id]
-            k = lookahead(r)
+            k = self.lookahead(r)
             need = r.num_tokens_to_compute(k)
             if (need > budget and self.running) or not self._fits(r, k):
                 if r.kv.block_ids:                             # give back the prefix hits add_request claimed
@@ -535,19 +571,55 @@ class Scheduler:
                     r.kv = None
                 break
             bm.reserve(r.req_id, k)
-            r.num_draft_computed = r.kv.num_computed_tokens    # a prefix-cache hit holds the draft's K/V too
-            if r.kv.num_computed_tokens < bm.block_size:
+            r.num_draft_computed = r.num_computed_tokens       # a prefix-cache hit holds the draft's K/V too
+            if r.num_computed_tokens < bm.block_size:
                 computing.add(first)
-            self.num_cached_tokens += r.kv.num_computed_tokens
+            self.num_cached_tokens += r.num_computed_tokens
             r.status = RUNNING
             self.running[r.req_id] = self.waiting.popleft()
             budget -= need
 
-    def schedule(self, lookahead: Callable[[RequestState], int]) -> list[RequestState]:
-        "The requests of this step, each with blocks for its tokens plus `lookahead(r)` draft slots."
-        if not self._keep_running(lookahead):
-            self._admit(lookahead)
-        return list(self.running.values())
+    def schedule(self) -> StepPlan:
+        "Plan a step: keep the running requests (preempting if blocks are short), else admit; kappa per request."
+        preempted = self._keep_running()
+        if not preempted:
+            self._admit()
+        batch = list(self.running.values())
+        k = kappa_for_batch(self.kappa, len(batch)) if self.kappa_max else 0
+        return StepPlan(batch, [min(k, self.lookahead(r)) for r in batch], preempted)
+
+    def update(self, plan: StepPlan, proposal: Proposal, output_token_ids: torch.Tensor,
+               metrics: SpecMetrics, logprobs: list | None = None) -> list[StepOutput]:
+        "Apply a step: roll back rejected drafts (target and draft), count, append up to a stop, finish the done."
+        fed = proposal.num_draft_computed or [r.num_draft_computed for r in plan.requests]
+        outputs = []
+        for i, (r, d, new) in enumerate(zip(plan.requests, proposal.drafts, _unpad(output_token_ids))):
+            num_accepted = len(new) - 1
+            self.block_manager.commit(r.req_id, num_accepted, new)   # the target keeps context + accepted drafts
+            r.num_draft_computed = min(fed[i], len(r.token_ids) + num_accepted)   # so does the draft
+            metrics.update(len(d), num_accepted)
+            r.num_drafts += int(len(d) > 0)
+            r.num_draft_tokens += len(d)
+            r.num_accepted_tokens += num_accepted
+            outputs.append(self._emit(r, new, None if logprobs is None else logprobs[i]))
+        return outputs
+
+    def _emit(self, r: RequestState, new: list[int], logprobs: list | None) -> StepOutput:
+        "Append a step's tokens to r up to a stop, stream them; finish r when it is done."
+        kept, reason = r.append(new)
+        if logprobs is not None:
+            r.logprobs += logprobs[:len(kept)]
+        r.num_steps += 1
+        if r.on_tokens is not None and kept:
+            r.on_tokens(kept)
+        if reason is None:
+            return StepOutput(r.req_id, kept, r.text_delta(False), r.num_prompt_tokens)
+        self.finish(r)
+        text = None if r.detokenizer is None else r.detokenizer.text
+        logprobs = r.logprobs if r.params.logprobs is not None else None
+        out = Output(r.output_ids, text, reason, None, r.num_steps, logprobs, r.num_drafts, r.num_draft_tokens,
+                     r.num_accepted_tokens)
+        return StepOutput(r.req_id, kept, r.text_delta(True), r.num_prompt_tokens, out)
 
 # %% ../nbs/08_engine.ipynb #a1b2c3d6
 def check_engine_args(**sizes: int | None) -> None:
@@ -580,8 +652,16 @@ def check_batch(prompts: list[str | list[int]], params: SamplingParams | list[Sa
     return params
 
 # %% ../nbs/08_engine.ipynb #03ec5ad7
+@dataclass
+class SchedulerStats:
+    "A copy of the engine's queue lengths and counters, taken between steps: what a server's /metrics reports."
+    num_running: int
+    num_waiting: int
+    num_preemptions: int
+    spec: SpecMetrics | None           # the speculation counters (None without a drafter)
+
 class SpecDecoder:
-    "The engine: requests join and leave at step boundaries; each step drafts, verifies, samples, commits, counts."
+    "The engine: requests join and leave at step boundaries; each step plans, drafts, verifies, samples and updates."
     def __init__(self, target: Llama, drafter: NgramDrafter | ModelDrafter | None = None, tokenizer: Any | None = None,
                  kappa: int | dict[int, int] = 3, backend: str = "torch", seed: int = 0, *, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, block_size: int = 16, num_blocks: int | None = None,
@@ -610,7 +690,8 @@ class SpecDecoder:
         self.sliding_window = sliding_window
         self.kappa_max = self.kappa if isinstance(self.kappa, int) else max(self.kappa.values())
         self.context = target.args.max_position_embeddings or math.inf
-        self.scheduler = None                                  # made with the KV pool, on first use
+        self.scheduler = None                                  # the scheduler and the runner share one pool,
+        self.runner = None                                     # made on first use (`make_pool`)
         self.requests = {}                                     # req_id -> RequestState, until it finishes
         self.next_id = 0
         self.metrics = SpecMetrics()
@@ -625,16 +706,49 @@ class SpecDecoder:
         "Whether any request is waiting or running."
         return self.scheduler is not None and bool(self.scheduler.waiting or self.scheduler.running)
 
+    def scheduler_stats(self) -> SchedulerStats:
+        "Queue lengths, preemptions and a copy of the speculation counters, as of the last step."
+        s = self.scheduler
+        spec = copy.deepcopy(self.metrics) if self.drafter is not None else None
+        if s is None:
+            return SchedulerStats(0, 0, 0, spec)
+        return SchedulerStats(len(s.running), len(s.waiting), s.num_preemptions, spec)
+
+    def make_pool(self, num_blocks: int) -> None:
+        "A new KV pool of `num_blocks` blocks: the runner's paged K/V (target and drafter) and a scheduler over it."
+        window = self.sliding_window
+        if window is not None and isinstance(self.drafter, ModelDrafter):
+            window += 1                                        # the draft's queries lag the target's by one position
+        bm = BlockManager(num_blocks, self.block_size, window, enable_prefix_caching=self.enable_prefix_caching)
+        self.runner = ModelRunner(self.target, self.drafter, num_blocks, self.block_size, self.sliding_window,
+                                  self.sampler, self.backend)
+        self.scheduler = Scheduler(bm, self.max_num_seqs, self.max_num_batched_tokens,
+                                   self.kappa if self.drafter is not None else 0, self.context)
+
+    def _queue(self, requests: list[RequestState]) -> list[str | None]:
+        "Queue checked requests (one admission path for add_request and generate): per request, why it was refused."
+        need = pool_blocks(self, requests)
+        if self.scheduler is None or (not self.has_unfinished() and self.block_manager.num_blocks < need):
+            self.make_pool(need)                               # a new pool starts with an empty prefix cache
+        refused = []
+        for r in requests:
+            try:
+                check_fits(self, r)
+            except ValueError as e:
+                refused.append(f"ValueError: {e}")
+                continue
+            self.requests[r.req_id] = r
+            self.scheduler.add(r)
+            refused.append(None)
+        return refused
+
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     on_tokens: Callable[[list[int]], None] | None = None) -> int:
         "Queue a request (text or ids); it joins the batch at the next step that has room. Returns its id."
         r = new_request(self, prompt, params or SamplingParams(), on_tokens)
-        if self.scheduler is None:
-            make_pool(self, self.num_blocks or max(pool_blocks(self), request_blocks(self, r)))
-        check_fits(self, r)
-        self.next_id += 1
-        self.requests[r.req_id] = r
-        self.scheduler.add(r)
+        (refused,) = self._queue([r])
+        if refused is not None:
+            raise ValueError(refused.removeprefix("ValueError: "))
         return r.req_id
 
     def abort(self, req_id: int) -> None:
@@ -644,50 +758,46 @@ class SpecDecoder:
         self.scheduler.finish(self.requests.pop(req_id))
 
     def step(self) -> list[StepOutput]:
-        "One speculative step for the running batch: schedule, draft, verify, commit, emit."
-        batch = self.scheduler.schedule(lambda r: lookahead(self, r)) if self.scheduler is not None else []
-        if not batch:
+        "One speculative step: the scheduler plans, the runner drafts and verifies, the scheduler applies the result."
+        plan = self.scheduler.schedule() if self.scheduler is not None else None
+        if plan is None or not plan.requests:
             return []
-        kappas = step_kappas(self, batch)
         t0 = time.perf_counter()
-        drafts, draft_probs = propose(self, batch, kappas)
+        proposal = self.runner.propose(plan, catch_up=self.enable_prefix_caching)
         t1 = time.perf_counter()
-        output_token_ids = verify(self, batch, drafts, draft_probs)
+        output_token_ids, logprobs, num_tokens = self.runner.verify(plan, proposal, self.block_manager)
         t2 = time.perf_counter()
         self.stats["steps"] += 1
         self.stats["draft_s"] += t1 - t0
         self.stats["target_s"] += t2 - t1
-        return commit(self, batch, drafts, output_token_ids)
+        self.stats["target_tokens"] += num_tokens
+        outputs = self.scheduler.update(plan, proposal, output_token_ids, self.metrics, logprobs)
+        for out in outputs:
+            if out.finished is not None:
+                del self.requests[out.req_id]
+        return outputs
 
     def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None,
                  on_tokens: Callable[[int, list[int]], None] | None = None) -> list[Output]:
         "Outputs for a list of prompts (text or ids), each with its own SamplingParams; on_tokens(i, ids) streams."
         params = check_batch(prompts, params)
-        outputs, states = [None] * len(prompts), {}
+        outputs, index = [None] * len(prompts), {}
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
             stream = None if on_tokens is None else (lambda ids, i=i: on_tokens(i, ids))
             try:
-                states[i] = new_request(self, prompt, sp, stream)
+                index[new_request(self, prompt, sp, stream)] = i
             except (ValueError, TypeError) as e:
                 outputs[i] = Output([], None, "error", f"{type(e).__name__}: {e}")
-                continue
-            self.next_id += 1
-        if states and (self.scheduler is None or (self.num_blocks is None and not self.has_unfinished())):
-            size_pool(self, list(states.values()))
-        index = {}
-        for i, r in states.items():
-            try:
-                check_fits(self, r)
-            except ValueError as e:
-                outputs[i] = Output([], None, "error", f"ValueError: {e}")
-                continue
-            self.requests[r.req_id] = r
-            self.scheduler.add(r)
-            index[r.req_id] = i
+        pending = {}
+        for r, refused in zip(index, self._queue(list(index)) if index else []):
+            if refused is None:
+                pending[r.req_id] = index[r]
+            else:
+                outputs[index[r]] = Output([], None, "error", refused)
         while self.has_unfinished():
             for out in self.step():
-                if out.finished is not None and out.req_id in index:
-                    outputs[index[out.req_id]] = out.finished
+                if out.finished is not None and out.req_id in pending:
+                    outputs[pending[out.req_id]] = out.finished
         return outputs
 
 # %% ../nbs/08_engine.ipynb #cfeedb7a
@@ -735,7 +845,7 @@ def prompt_ids(engine: SpecDecoder, prompt: str | list[int], params: SamplingPar
 
 def new_request(engine: SpecDecoder, prompt: str | list[int], params: SamplingParams,
                 on_tokens: Callable[[list[int]], None] | None = None) -> RequestState:
-    "A checked request with the engine's next id, its stop ids and generators (not queued, the id not yet taken)."
+    "A checked request with the engine's next id (taken), its stop ids, generators and detokenizer; not yet queued."
     ids = prompt_ids(engine, prompt, params)
     eos = getattr(engine.tokenizer, "eos_token_id", None)
     stop_ids = frozenset(params.stop_token_ids) | ({eos} if eos is not None and not params.ignore_eos else set())
@@ -743,14 +853,17 @@ def new_request(engine: SpecDecoder, prompt: str | list[int], params: SamplingPa
         raise ValueError("allowed_token_ids holds only stop tokens (the EOS included) while min_tokens > 0 masks "
                          "them: no token could be sampled")
     target_gen, draft_gen = _gens(params, engine.gen, engine.device)
-    return RequestState(engine.next_id, ids, params, stop_ids, target_gen, draft_gen, on_tokens=on_tokens)
+    detokenizer = None if engine.tokenizer is None else Detokenizer(engine.tokenizer, params.stop, stop_ids)
+    engine.next_id += 1
+    return RequestState(engine.next_id - 1, ids, len(ids), params, stop_ids, target_gen, draft_gen, detokenizer,
+                        on_tokens=on_tokens)
 
 # %% ../nbs/08_engine.ipynb #a1b2c3d7
 def request_blocks(engine: SpecDecoder, r: RequestState) -> int:
     "Blocks r needs at its longest: prompt, every token it may emit, and the draft slots of its last step."
-    return -(-(len(r.prompt_ids) + r.params.max_tokens + engine.kappa_max + 1) // engine.block_size)
+    return -(-(r.num_prompt_tokens + r.params.max_tokens + engine.kappa_max + 1) // engine.block_size)
 
-DEFAULT_KV_BYTES = 256 * 2 ** 20  # the K/V memory of an online engine whose num_blocks is not given
+DEFAULT_KV_BYTES = 256 * 2 ** 20  # the least K/V memory of an engine whose num_blocks is not given
 
 def block_bytes(engine: SpecDecoder) -> int:
     "Bytes of one block: K and V of every layer of the target and of a model drafter."
@@ -759,30 +872,15 @@ def block_bytes(engine: SpecDecoder) -> int:
                  for m in models]
     return sum(per_token) * engine.block_size
 
-def pool_blocks(engine: SpecDecoder, requests: list[RequestState] | None = None) -> int:
-    "Pool size when num_blocks is not given: a full batch of the longest of `requests`, or DEFAULT_KV_BYTES online."
-    if requests:
-        return min(engine.max_num_seqs, len(requests)) * max(request_blocks(engine, r) for r in requests)
+def pool_blocks(engine: SpecDecoder, requests: list[RequestState] = ()) -> int:
+    """The pool's size: `num_blocks` if given; else a full batch of the longest of `requests`, and at least
+    DEFAULT_KV_BYTES' worth (or a full batch at full context, if that is less)."""
+    if engine.num_blocks is not None:
+        return engine.num_blocks
     full = engine.max_num_seqs * -(-min(engine.context, 2 ** 20) // engine.block_size)
-    return max(1, min(full, DEFAULT_KV_BYTES // block_bytes(engine)))
-
-def make_pool(engine: SpecDecoder, num_blocks: int) -> None:
-    "Allocate the paged K/V of the target (and of a model drafter, same blocks) and a scheduler over them."
-    window = engine.sliding_window
-    if window is not None and isinstance(engine.drafter, ModelDrafter):
-        window += 1                                            # the draft's queries lag the target's by one position
-    bm = BlockManager(num_blocks, engine.block_size, window, enable_prefix_caching=engine.enable_prefix_caching)
-    w = engine.target.head_weight
-    engine.cache = paged_cache(engine.target.args, num_blocks, engine.block_size, w.dtype, w.device)
-    if engine.drafter is not None:
-        engine.drafter.bind(num_blocks, engine.block_size, engine.sliding_window)
-    engine.scheduler = Scheduler(bm, engine.max_num_seqs, engine.max_num_batched_tokens)
-
-def size_pool(engine: SpecDecoder, requests: list[RequestState]) -> None:
-    "Make the pool (num_blocks, or one sized for `requests`); an idle engine grows it when the requests need more."
-    need = engine.num_blocks or pool_blocks(engine, requests)
-    if engine.scheduler is None or engine.block_manager.num_blocks < need:
-        make_pool(engine, need)
+    least = max(1, min(full, DEFAULT_KV_BYTES // block_bytes(engine)))
+    longest = max((request_blocks(engine, r) for r in requests), default=0)
+    return max(least, min(engine.max_num_seqs, len(requests)) * longest)
 
 def check_fits(engine: SpecDecoder, r: RequestState) -> None:
     "A request that could not run even alone in the pool is refused: it would wait forever."
@@ -792,50 +890,55 @@ def check_fits(engine: SpecDecoder, r: RequestState) -> None:
                          f"{engine.block_manager.num_blocks}: raise num_blocks or lower max_tokens")
 
 # %% ../nbs/08_engine.ipynb #a1b2c3d8
-def lookahead(engine: SpecDecoder, r: RequestState) -> int:
-    "The most drafts r may get this step (the slots to reserve): its kappa cap, its tokens and context left."
-    if engine.drafter is None:
-        return 0
-    cap = engine.kappa_max if r.params.kappa is None else min(r.params.kappa, engine.kappa_max)
-    return max(0, min(cap, r.params.max_tokens - len(r.output_ids) - 1, engine.context - len(r.tokens)))
+class ModelRunner:
+    "Owns the paged K/V of the target and of a model drafter (the same blocks); turns a step plan into forwards."
+    def __init__(self, target: Llama, drafter: Any | None, num_blocks: int, block_size: int,
+                 sliding_window: int | None, sampler: Callable[..., torch.Tensor], backend: str):
+        self.target = target
+        self.drafter = drafter
+        self.block_size = block_size
+        self.sliding_window = sliding_window
+        self.sampler = sampler
+        self.backend = backend
+        self.device = target.head_weight.device
+        w = target.head_weight
+        self.cache = paged_cache(target.args, num_blocks, block_size, w.dtype, w.device)
+        if drafter is not None:
+            drafter.bind(num_blocks, block_size, sliding_window)
 
-def step_kappas(engine: SpecDecoder, batch: list[RequestState]) -> list[int]:
-    "Step 1: the schedule's kappa for the live batch size, capped per request."
-    k = kappa_for_batch(engine.kappa, len(batch)) if engine.drafter is not None else 0
-    return [min(k, lookahead(engine, r)) for r in batch]
+    def propose(self, plan: StepPlan, catch_up: bool) -> Proposal:
+        "Stage 2: the drafter's tokens and q rows (a model drafter catches its cache up first, also when `catch_up`)."
+        drafter = self.drafter
+        if drafter is None or not (any(plan.kappas) or catch_up and drafter.uses_probs):
+            return Proposal([[] for _ in plan.requests])
+        proposal = Proposal(*drafter.propose(plan.requests, plan.kappas))
+        greedy = all(r.params.greedy for r in plan.requests)
+        if proposal.draft_probs is None and drafter.uses_probs and any(proposal.drafts) and not greedy:
+            raise RuntimeError("drafter returned drafts without their q rows")
+        return proposal
 
-def propose(engine: SpecDecoder, batch: list[RequestState],
-            kappas: list[int]) -> tuple[list[list[int]], torch.Tensor | None]:
-    "Step 2: the drafter's tokens per request and their q rows (a model drafter catches every request up first)."
-    drafter = engine.drafter
-    if drafter is None or not (any(kappas) or engine.enable_prefix_caching and drafter.uses_probs):
-        return [[] for _ in batch], None
-    drafts, draft_probs = drafter.propose(batch, kappas)
-    if draft_probs is None and drafter.uses_probs and any(drafts) and not all(r.params.greedy for r in batch):
-        raise RuntimeError("drafter returned drafts without their q rows")
-    return drafts, draft_probs
-
-def verify(engine: SpecDecoder, batch: list[RequestState], drafts: list[list[int]],
-           draft_probs: torch.Tensor | None) -> torch.Tensor:
-    "Steps 3-4: slots for every draft, one target forward over the batch, then the sampler: output_token_ids."
-    bm = engine.block_manager
-    steps = [bm.schedule(r.req_id, d) for r, d in zip(batch, drafts)]
-    blocks = [s.token_ids for s in steps]
-    pb = paged_batch(blocks, [s.positions[0] for s in steps], [r.block_table for r in batch], engine.block_size,
-                     engine.device, engine.sliding_window)
-    cu_num_scheduled_tokens = torch.tensor([len(b) for b in blocks]).cumsum(0)
-    engine.stats["target_tokens"] += int(cu_num_scheduled_tokens[-1])
-    md = SpecDecodeMetadata.from_drafts(drafts, cu_num_scheduled_tokens, device=engine.device)
-    run_target = getattr(engine.drafter, "forward_target", forward_paged)  # an EAGLE head keeps the target's features
-    logits = run_target(engine.target, engine.cache, pb, md.logits_indices)
-    sampling = SamplingMetadata.from_lists([r.params.temperature for r in batch], [r.params.top_k for r in batch],
-                                           [r.params.top_p for r in batch], [r.target_gen for r in batch],
-                                           engine.device, batch_processors(batch, logits.shape[1], engine.device))
-    out = engine.sampler(md, logits, draft_probs, sampling, engine.backend)
-    if any(r.params.logprobs is not None for r in batch):
-        for r, lps in zip(batch, emitted_logprobs(logits, md, out, max(r.params.logprobs or 0 for r in batch))):
-            r.step_logprobs = [(lp, top[:r.params.logprobs or 0]) for lp, top in lps]
-    return out
+    def verify(self, plan: StepPlan, proposal: Proposal,
+               block_manager: BlockManager) -> tuple[torch.Tensor, list | None, int]:
+        "Stages 3-5: slots for every draft, one target forward over the batch, the sampler: (output ids, logprobs, N)."
+        batch, drafts = plan.requests, proposal.drafts
+        steps = [block_manager.schedule(r.req_id, d) for r, d in zip(batch, drafts)]
+        blocks = [s.token_ids for s in steps]
+        pb = paged_batch(blocks, [s.positions[0] for s in steps], [r.block_table for r in batch], self.block_size,
+                         self.device, self.sliding_window)
+        cu_num_scheduled_tokens = torch.tensor([len(b) for b in blocks]).cumsum(0)
+        md = SpecDecodeMetadata.from_drafts(drafts, cu_num_scheduled_tokens, device=self.device)
+        run_target = getattr(self.drafter, "forward_target", forward_paged)  # an EAGLE head keeps the target's features
+        logits = run_target(self.target, self.cache, pb, md.logits_indices)
+        params = [r.params for r in batch]
+        sampling = SamplingMetadata.from_lists([p.temperature for p in params], [p.top_k for p in params],
+                                               [p.top_p for p in params], [r.target_gen for r in batch],
+                                               self.device, batch_processors(batch, logits.shape[1], self.device))
+        out = self.sampler(md, logits, proposal.draft_probs, sampling, self.backend)
+        logprobs = None
+        if any(p.logprobs is not None for p in params):
+            per = emitted_logprobs(logits, md, out, max(p.logprobs or 0 for p in params))
+            logprobs = [[(lp, top[:p.logprobs or 0]) for lp, top in lps] for p, lps in zip(params, per)]
+        return out, logprobs, int(cu_num_scheduled_tokens[-1])
 
 @torch.no_grad()
 def prompt_logprobs(model: Llama, ids: list[int], num_top: int) -> list:
@@ -870,35 +973,3 @@ def _unpad(out):
     "Rows of the sampler's output without their placeholder slots: the tokens each request emitted."
     counts = (out != PLACEHOLDER_TOKEN_ID).sum(1).tolist()
     return [row[:k] for row, k in zip(out.tolist(), counts)]
-
-def commit(engine: SpecDecoder, batch: list[RequestState], drafts: list[list[int]],
-           output_token_ids: torch.Tensor) -> list[StepOutput]:
-    "Steps 5-7: roll back the rejected drafts in both caches, count, cut at stops, finish requests."
-    results = []
-    for r, d, new in zip(batch, drafts, _unpad(output_token_ids)):
-        num_accepted = len(new) - 1
-        engine.block_manager.commit(r.req_id, num_accepted, new)     # the target keeps context + accepted drafts
-        r.num_draft_computed = min(r.num_draft_computed, len(r.tokens) - 1)   # so does the draft
-        engine.metrics.update(len(d), num_accepted)
-        r.num_drafts += int(len(d) > 0)
-        r.num_draft_tokens += len(d)
-        r.num_accepted_tokens += num_accepted
-        results.append(emit(engine, r, new))
-    return results
-
-def emit(engine: SpecDecoder, r: RequestState, new: list[int]) -> StepOutput:
-    "Append a step's tokens to r's output, cut at a stop, stream them; finish r when it is done."
-    keep, reason = stop_cut(new, r.output_ids, r.params, r.stop_ids, engine.tokenizer)
-    r.output_ids += new[:keep]
-    r.logprobs += r.step_logprobs[:keep]
-    r.step_logprobs = []
-    r.num_steps += 1
-    if r.on_tokens is not None and keep:
-        r.on_tokens(new[:keep])
-    if reason is None:
-        return StepOutput(r.req_id, new[:keep])
-    engine.scheduler.finish(engine.requests.pop(r.req_id))
-    text = final_text(r.output_ids, r.params, r.stop_ids, engine.tokenizer)
-    logprobs = r.logprobs if r.params.logprobs is not None else None
-    return StepOutput(r.req_id, new[:keep], Output(r.output_ids, text, reason, None, r.num_steps, logprobs,
-                                                   r.num_drafts, r.num_draft_tokens, r.num_accepted_tokens))

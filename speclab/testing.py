@@ -354,6 +354,8 @@ def plant_fault(engine: Any, fault: str | None) -> None:
         engine.add_request = add_request
     elif fault is not None:
         engine.sampler = faulty_sampler(engine, fault, original[0])
+    if engine.runner is not None:                 # a pool exists: its runner calls the sampler
+        engine.runner.sampler = engine.sampler
 
 # %% ../nbs/95_testing.ipynb #55a8235b
 @contextmanager

@@ -72,7 +72,7 @@ class Recording:
         return self.inner.forward_target(*a)
 
     def propose(self, batch, kappas):
-        drafts, q = self.inner.propose(batch, kappas)
+        drafts, q, fed = self.inner.propose(batch, kappas)
         for r, d in zip(batch, drafts):
             self.drafts.setdefault(r.req_id, []).append(tuple(d))
         return drafts, q

@@ -360,7 +360,7 @@ class ScriptedDrafter:
     def propose(self, batch, kappas):
         drafts = []
         for r, k in zip(batch, kappas):
-            d = list(self.ref[len(r.tokens) - len(PROMPT):][:k])
+            d = list(self.ref[len(r.token_ids) - len(PROMPT):][:k])
             if self.wrong_at is not None and self.wrong_at < k:
                 d[self.wrong_at] = (d[self.wrong_at] + 1) % V
             drafts.append(d)

@@ -44,7 +44,7 @@ import pytest
 import torch
 
 from speclab.engine import (FINISHED, ModelDrafter, NgramDrafter, Output, RequestState, SamplingParams, SpecDecoder,
-                            make_pool, pool_blocks)
+                            pool_blocks)
 from speclab.kv import FREED, BlockManager, check_invariants
 from speclab.model import KVCache, Llama, forward
 from speclab.model import generate as plain_generate
@@ -91,7 +91,7 @@ def make_drafter(name: str) -> ModelDrafter | NgramDrafter:
 
 def open_pool(eng: SpecDecoder) -> None:
     "Make the engine's KV pool now, as its first add_request would (so that a test can watch or swap its parts)."
-    make_pool(eng, eng.num_blocks or pool_blocks(eng))
+    eng.make_pool(pool_blocks(eng))
 
 
 def watch_preemptions(eng: SpecDecoder) -> list[tuple[int, int]]:
@@ -340,7 +340,7 @@ def cached_kv_violations(eng: SpecDecoder) -> list[str]:
         return []
     keys = list(bm.cached)
     blocks = torch.tensor([bm.cached[key] for key in keys])
-    pools = [("target", 0, eng.cache)]
+    pools = [("target", 0, eng.runner.cache)]
     if isinstance(eng.drafter, ModelDrafter):
         pools.append(("draft", 1, eng.drafter.cache))
     bad = []
@@ -381,8 +381,9 @@ def length_violations(eng: SpecDecoder) -> list[str]:
     "Running requests whose target or draft computed length is out of range between steps."
     bad = []
     for r in eng.scheduler.running.values():
-        if r.num_computed_tokens > len(r.tokens) - 1:
-            bad.append(f"request {r.req_id}: num_computed_tokens {r.num_computed_tokens} > {len(r.tokens)} tokens - 1")
+        if r.num_computed_tokens > len(r.token_ids) - 1:
+            bad.append(f"request {r.req_id}: num_computed_tokens {r.num_computed_tokens} > "
+                       f"{len(r.token_ids)} tokens - 1")
         if r.num_draft_computed > r.num_computed_tokens:
             bad.append(f"request {r.req_id}: num_draft_computed {r.num_draft_computed} > num_computed_tokens "
                        f"{r.num_computed_tokens}")
