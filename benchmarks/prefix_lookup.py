@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     mods = {"old": load_old(a.old_rev), "new": new_kv}
     rng = random.Random(a.seed)
     print(f"{utc_now()}; {machine()}; load average {load_average()} at start; Python {sys.version.split()[0]}")
-    print(f"old: speclab/kv.py at {a.old_rev}; new: speclab.kv of this tree; {a.repeats} timed calls each, the least\n")
+    print(f"old: speclab/kv.py at {a.old_rev}; new: speclab.kv of this tree; the least of {a.repeats} timed calls\n")
     print("| prompt tokens (blocks of 16, all cached) | old µs per lookup | new µs per lookup "
           "| old ns per token | new ns per token | old / new |")
     print("|---:|---:|---:|---:|---:|---:|")

@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 import torch
 
+from .sampling import _is_int  # an int that is not a bool: one home, Chapter 3
+
 # %% ../nbs/06_kv.ipynb #328041e2
 FREED = -1  # block-table entry of a block the sliding window has returned to the pool
 ROOT_HASH = b""  # the parent key of every sequence's first block
@@ -41,9 +43,6 @@ class Step(NamedTuple):
     "What one `schedule` call asks the model to compute: the positions, and the slot that receives each one's K/V."
     positions: list
     slot_mapping: list
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 def _check_tokens(tokens, name: str, allow_empty: bool = True) -> list:
     "Validate a sequence of token ids (ints in [0, 2**64)) and return it as a list."
@@ -212,7 +211,7 @@ class BlockManager:
         self.cached[key], self.block_hash[b] = b, key
 
     def _cache_blocks(self, r, num_tokens_to_cache):
-        "Offer the full blocks of the first `num_tokens_to_cache` finalized tokens not offered yet to the prefix cache."
+        "Offer the prefix cache the full blocks of the first `num_tokens_to_cache` finalized tokens not offered yet."
         end = min(num_tokens_to_cache // self.block_size, len(r.block_hashes))
         for i in range(r.num_cached_blocks, end):
             if r.block_ids[i] != FREED and r.block_hashes[i] not in self.cached:
@@ -440,7 +439,7 @@ def toy_step(manager: BlockManager, kv: PagedKV, req_id: Hashable, tokens: list[
 
 # %% ../nbs/06_kv.ipynb #057ebf17
 class BuggyPrefixManager(BlockManager):
-    "A planted bug (Hazard 2): caches the blocks a step's drafts complete, keyed by the drafts, before they are judged."
+    "A planted bug (Hazard 2): caches the blocks a step's drafts complete, keyed by the drafts, before any is judged."
     def schedule(self, req_id: Hashable, draft_tokens: Sequence[int] = ()) -> Step:
         step = super().schedule(req_id, draft_tokens)
         r, size = self.requests[req_id], self.block_size

@@ -1,9 +1,11 @@
 """Fuzz tests of speclab.kv: random workloads over several requests (add with shared prompt prefixes, speculative
 steps with kappa 0..4 and any accepted count, reservations of lookahead slots, preempt, finish), with every invariant
-checked after every operation. The production BlockManager must never violate one; the two planted subclasses (BuggyPrefixManager,
-BuggyWindowManager) must be caught by the same checks. The chapter's own seeded fuzzer (`fuzz_invariants`, `shrink_ops`) is tested on the chapter's bugs and
-two planted here. The reservation API (`blocks_needed`, `reserve`), the prefix-cache switch and an engine-style
-scheduler loop (admit only if the reservation fits, preempt when it does not) are tested at the end."""
+checked after every operation. The production BlockManager must never violate one; the two planted subclasses
+(BuggyPrefixManager, BuggyWindowManager) must be caught by the same checks. The chapter's own seeded fuzzer
+(`fuzz_invariants`, `shrink_ops`) is tested on the chapter's bugs and two planted here. The reservation API
+(`blocks_needed`, `reserve`), the prefix-cache switch and an engine-style scheduler loop (admit only if the
+reservation fits, preempt when it does not) are tested next; last, the production structures by behaviour: chained
+block keys, a lookup linear in the prompt, the LRU free queue and the constant work of its operations."""
 import random
 import re
 from collections import deque
@@ -268,7 +270,8 @@ def test_fuzzer_catches_and_shrinks_each_planted_bug(policy, kwargs, expected):
 def test_shrink_needs_a_failing_trace_and_replay_skips_lost_requests():
     with pytest.raises(ValueError, match="failing trace"):
         shrink_ops(BlockManager, random_ops(10, seed=0))
-    assert replay(BlockManager, [("step", 7, [1], 1, 2), ("finish", 7), ("add", 1, [3, 4]), ("step", 1, [], 0, 5)]) == []
+    lost_add = [("step", 7, [1], 1, 2), ("finish", 7), ("add", 1, [3, 4]), ("step", 1, [], 0, 5)]
+    assert replay(BlockManager, lost_add) == []
 
 
 # -- reservations and the prefix-cache switch ------------------------------------------------------------------------
