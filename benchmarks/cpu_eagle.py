@@ -4,7 +4,7 @@
     python benchmarks/cpu_eagle.py ablation           # what EAGLE-3's fused features and training-time test each add
 
 bench: on the shipped tiny target, held-out prompts, each (temperature, kappa, drafter) point runs plain and
-speculative decoding side by side in one process (speclab.acceptance.measure_point: interleaved passes, the fastest
+speculative decoding side by side in one process (speclab.sweep.measure_point: interleaved passes, the fastest
 kept). Per point: per-position acceptance, E, alpha-hat (Chapter 9's fit) and the i.i.d. test's p-value, tokens/s of
 both, the speedup. c (draft step / target step at batch 1) is measured in the same run for the draft model and the
 head, and predicted from Chapter 2's byte count. Then the batch sweep (greedy, kappa 3) for the head and the draft
@@ -48,7 +48,7 @@ def parse_args(argv=None):
 
 def head_c(head, target, draft):
     "c measured (fastest step at batch 1, context 64) for the draft model and the head, and Chapter 2's byte ratio."
-    from speclab.acceptance import step_seconds
+    from speclab.sweep import step_seconds
     from speclab.eagle import head_step_seconds
     t = step_seconds(target, 1, repeats=20)
     d = step_seconds(draft, 1, repeats=20)
@@ -60,7 +60,8 @@ def head_c(head, target, draft):
 
 
 def bench(a):
-    from speclab.acceptance import fit_alpha, iid_test, measure_point, measure_roofline, measured_crossing, sweep_prompts
+    from speclab.acceptance import fit_alpha, iid_test
+    from speclab.sweep import measure_point, measure_roofline, measured_crossing, sweep_prompts
     from speclab.eagle import eagle_drafter
     from speclab.engine import ModelDrafter, NgramDrafter, SamplingParams
     from speclab.model import load_model

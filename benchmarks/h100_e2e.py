@@ -27,7 +27,7 @@ speclab.model.forward at start-up (meta.step_parity), captured in a CUDA graph a
 then the median of repeats. A failed capture falls back to eager and the record says so.
 
 Section 6 and acceptance. Random weights make the draft's acceptance meaningless (E ~ 1), so with random weights the
-batch sweep (run "synthetic") uses speclab.acceptance.SyntheticSampler at --alpha: the real engine, the real drafter,
+batch sweep (run "synthetic") uses speclab.sweep.SyntheticSampler at --alpha: the real engine, the real drafter,
 its real forwards, but acceptance coins at fixed rates instead of the target's law (NOT exact: timing only). Two exact
 runs (speclab.sampling.rejection_sampler) stand beside it: "draft" (the draft model at every B: its outputs must equal
 plain decoding's, its E is what random weights give) and "self" at the smallest B (the target drafts for itself: a
@@ -61,7 +61,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import speclab  # noqa: E402
 import speclab.engine  # noqa: E402
-from speclab.acceptance import SyntheticSampler  # noqa: E402
+from speclab.sweep import SyntheticSampler  # noqa: E402
 from speclab.engine import ModelDrafter, SamplingParams, SpecDecoder  # noqa: E402
 from speclab.sampling import rejection_sampler  # noqa: E402
 from speclab.model import (KVCache, Llama, LlamaArgs, decoder_layer, forward, forward_paged,  # noqa: E402

@@ -111,7 +111,7 @@ def pct(xs: list, q: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     "Run the load, check nothing was lost, report."
     a = parse_args(argv)
-    from speclab.acceptance import url_prompts
+    from speclab.remote import url_prompts
     from speclab.testing import serve_process
     lengths = [a.min_tokens + round(i * (a.max_tokens - a.min_tokens) / max(1, a.requests - 1))
                for i in range(a.requests)]

@@ -318,7 +318,7 @@ def training_minutes() -> float:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     "The shipped pair: six functions completed with speculation (streamed), vLLM's metrics, a fair speed comparison."
-    from speclab.acceptance import torch_threads
+    from speclab.sweep import torch_threads
     from speclab.engine import SpecMetrics, prompt_ids
     params = sampling_params(args, stop=(DEMO_STOP,))
     cores = available_cores()
@@ -400,7 +400,9 @@ def _print_rows(rows: list, print_output: bool) -> None:
 
 def _sweep_server(args: argparse.Namespace) -> int:
     "`speclab sweep --url`: the sweep against running servers, counters scraped from /metrics (Chapter 9)."
-    from speclab.acceptance import measured_crossing, save_table, sweep_url
+    from speclab.remote import sweep_url
+    from speclab.sweep import measured_crossing
+    from speclab.vllm_io import save_table
     base = f"plain decoding at {args.baseline_url}" if args.baseline_url else "no baseline server (no speedup)"
     print(f"speclab sweep: server {args.url}, {base}, --temp {args.temp}, --output-len {args.output_len}, "
           f"concurrent requests {args.batch_sizes}\n")
@@ -424,8 +426,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     "Lab 08's sweep on the shipped pair (or, with --url, a server): metrics lines, the table, the crossing."
     if args.url:
         return _sweep_server(args)
-    from speclab.acceptance import measure_roofline, measured_crossing, save_table, step_seconds, sweep_tiny_pair
-    from speclab.acceptance import torch_threads
+    from speclab.sweep import measure_roofline, measured_crossing, step_seconds, sweep_tiny_pair, torch_threads
+    from speclab.vllm_io import save_table
     from speclab.model import load_model
     from speclab.roofline import crossing_batch
     from speclab.train import tiny_pair_path

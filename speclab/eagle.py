@@ -431,7 +431,7 @@ def sweep_eagle(batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), kappa: int = 
                 output_len: int = 32, num_prompts: int = 16, synthetic: bool = False, repeats: int = 2, seed: int = 0,
                 threads: int | None = 1, progress: bool = True) -> list:
     "Chapter 9's sweep on the shipped tiny target with the shipped EAGLE head (rows named 'eagle3', vLLM's method)."
-    from speclab.acceptance import measure_point, sweep, sweep_prompts, torch_threads
+    from speclab.sweep import measure_point, sweep, sweep_prompts, torch_threads
     from speclab.engine import SamplingParams
     from speclab.model import load_tokenizer
     tokenizer = load_tokenizer(tiny_pair_path("target"))

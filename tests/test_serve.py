@@ -19,7 +19,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from speclab.acceptance import metrics_delta, parse_prometheus
+from speclab.vllm_io import metrics_delta, parse_prometheus
 from speclab.engine import SamplingParams
 from speclab.serve import EngineLoop, ServerThread, build_app, load_engine
 from speclab.train import tiny_pair_path

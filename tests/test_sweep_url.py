@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from speclab.acceptance import scrape, sweep, sweep_prompts, sweep_url
+from speclab.remote import scrape, sweep_url
+from speclab.sweep import sweep, sweep_prompts
 from speclab.cli import _sweep_table
 from speclab.engine import ModelDrafter
 from speclab.model import load_model, load_tokenizer

@@ -7,7 +7,7 @@ test = {   'name': 'q5_sweep',
                                                "'speedups match your rows'",
                                        'hidden': False,
                                        'locked': False},
-                                   {   'code': '>>> from speclab.acceptance import measured_crossing\n'
+                                   {   'code': '>>> from speclab.sweep import measured_crossing\n'
                                                ">>> mine, lib = (float(crossing), float(measured_crossing([row['batch'] for row in rows], [row['speedup'] for row in rows])))\n"
                                                ">>> 'crossing matches your table' if mine == lib or abs(mine - lib) <= 1e-06 * max(1.0, abs(lib)) else f'crossing {mine} but your table crosses at "
                                                "{lib}'\n"
