@@ -230,7 +230,7 @@ def hold_until_a_command(lp, timeout=60):
     without a disconnect ever reaching the engine. The held step runs afterwards; the hold then removes itself."""
     def install(engine):
         def held_step():
-            if any(t.token_ids for t in lp.requests.values()):
+            if any(t.num_tokens for t in lp.requests.values()):
                 deadline = time.monotonic() + timeout
                 while lp.commands.empty() and time.monotonic() < deadline:
                     time.sleep(0.01)
@@ -281,7 +281,7 @@ def test_late_request_joins_the_batch(client, server):
         lines = r.iter_lines()
         next(line for line in lines if line.startswith("data: "))
         short = complete(client, prompt="x = ", max_tokens=4, temperature=0)
-        running = lp.call(lambda e: len(e.requests)).result(timeout=60)
+        running = lp.call(lambda e: e.scheduler_stats().num_running).result(timeout=60)
         rest = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     assert short["usage"]["completion_tokens"] == 4
     assert running == 1, "the long request had finished before the short one: it did not join the batch"
