@@ -922,9 +922,10 @@ class ModelRunner:
         "Stages 3-5: slots for every draft, one target forward over the batch, the sampler: (output ids, logprobs, N)."
         batch, drafts = plan.requests, proposal.drafts
         steps = [block_manager.schedule(r.req_id, d) for r, d in zip(batch, drafts)]
-        blocks = [s.token_ids for s in steps]
-        pb = paged_batch(blocks, [s.positions[0] for s in steps], [r.block_table for r in batch], self.block_size,
-                         self.device, self.sliding_window)
+        starts = [s.positions[0] for s in steps]
+        blocks = [r.token_ids[start:] + d for r, start, d in zip(batch, starts, drafts)]
+        pb = paged_batch(blocks, starts, [r.block_table for r in batch], self.block_size, self.device,
+                         self.sliding_window)
         cu_num_scheduled_tokens = torch.tensor([len(b) for b in blocks]).cumsum(0)
         md = SpecDecodeMetadata.from_drafts(drafts, cu_num_scheduled_tokens, device=self.device)
         run_target = getattr(self.drafter, "forward_target", forward_paged)  # an EAGLE head keeps the target's features

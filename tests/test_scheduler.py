@@ -45,7 +45,7 @@ import torch
 
 from speclab.engine import (FINISHED, ModelDrafter, NgramDrafter, Output, RequestState, SamplingParams, SpecDecoder,
                             pool_blocks)
-from speclab.kv import FREED, BlockManager, check_invariants
+from speclab.kv import FREED, BuggyPrefixManager, BuggyWindowManager, check_invariants, hash_chain
 from speclab.model import KVCache, Llama, forward
 from speclab.model import generate as plain_generate
 from speclab.proof import LEVEL, chi_square_gof, detectable_tv, draws_for_law
@@ -332,14 +332,33 @@ def fresh_kv(which: int, key: tuple[int, ...], block_size: int) -> torch.Tensor:
                         for k, v in zip(cache.k, cache.v)])
 
 
-def cached_kv_violations(eng: SpecDecoder) -> list[str]:
+def record_fed_sequences(eng: SpecDecoder) -> list[list[int]]:
+    "Every sequence a step feeds (a request's tokens + its drafts), recorded as the runner drafts: wraps propose."
+    fed, propose = [], eng.runner.propose
+
+    def record(plan, catch_up):
+        proposal = propose(plan, catch_up)
+        fed.extend(r.token_ids + d for r, d in zip(plan.requests, proposal.drafts))
+        return proposal
+    eng.runner.propose = record
+    return fed
+
+
+def cached_kv_violations(eng: SpecDecoder, finalized: list[list[int]]) -> list[str]:
     """Prefix-cache blocks whose K/V, in the target's pool or the draft model's, differ from a fresh computation of
     their key's tokens: a request that hits such a block would read K/V of other tokens (an uncommitted slot)."""
     bm = eng.block_manager
     if not bm.cached:
         return []
-    keys = list(bm.cached)
-    blocks = torch.tensor([bm.cached[key] for key in keys])
+    prefix = {}                                    # chained key -> the tokens up to its block's end
+    for seq in finalized + getattr(eng, "fed_sequences", []):   # drafts too: a wrong manager may cache them
+        for i, key in enumerate(hash_chain(seq, eng.block_size)):
+            prefix.setdefault(key, tuple(seq[:(i + 1) * eng.block_size]))
+    unknown = [key for key in bm.cached if key not in prefix]
+    if unknown:
+        return [f"prefix cache: {len(unknown)} key(s) chain no finalized sequence's blocks"]
+    keys = [prefix[key] for key in bm.cached]
+    blocks = torch.tensor(list(bm.cached.values()))
     pools = [("target", 0, eng.runner.cache)]
     if isinstance(eng.drafter, ModelDrafter):
         pools.append(("draft", 1, eng.drafter.cache))
@@ -368,7 +387,7 @@ def step_violations(eng: SpecDecoder, states: dict[int, RequestState],
         bad += check_invariants(eng.block_manager, finalized=finalized)
         bad += length_violations(eng)
     if "kv" in checks and eng.sliding_window is None:      # fresh_kv attends to every position
-        bad += cached_kv_violations(eng)
+        bad += cached_kv_violations(eng, [r.prompt_ids + r.output_ids for r in states.values()])
     if "greedy" in checks:
         for r in states.values():
             want = expected_greedy(r.prompt_ids, r.params, eng.sliding_window)
@@ -405,7 +424,8 @@ def fuzz_request(rng: random.Random) -> tuple[list[int], SamplingParams]:
 
 def fuzz_engine(rng: random.Random, seed: int, policy: str, sliding_window: int | None = None) -> SpecDecoder:
     """A random engine: block_size 1, 2 or 4, kappa 1..4, the draft model or n-grams, a pool between one and two
-    times the largest request, a few batch limits; `policy` names the block manager (Chapter 6's POLICIES)."""
+    times the largest request, a few batch limits; `policy`: 'speclab', or Chapter 6's 'buggy_prefix' or 'buggy_window'
+    (its `BuggyPrefixManager` and `BuggyWindowManager` subclasses)."""
     block_size = rng.choice((1, 2, 4))
     kappa = rng.randint(1, 4)
     drafter = rng.choice(("model", "model", "ngram"))
@@ -415,8 +435,10 @@ def fuzz_engine(rng: random.Random, seed: int, policy: str, sliding_window: int 
                       block_size=block_size, num_blocks=num_blocks, max_num_seqs=rng.choice((2, 4, 8, 256)),
                       max_num_batched_tokens=rng.choice((16, 64, 8192)), sliding_window=sliding_window)
     open_pool(eng)
+    eng.fed_sequences = record_fed_sequences(eng)
     if policy != "speclab":
-        eng.scheduler.block_manager = BlockManager(num_blocks, block_size, policy=policy)
+        wrong = {"buggy_prefix": BuggyPrefixManager, "buggy_window": BuggyWindowManager}[policy]
+        eng.scheduler.block_manager = wrong(num_blocks, block_size, eng.block_manager.sliding_window)
     return eng
 
 
