@@ -8,6 +8,7 @@ as a real process, stopped by SIGINT, and its argument errors are checked. Every
 """
 import asyncio
 import json
+import re
 import signal
 import statistics
 import subprocess
@@ -94,6 +95,18 @@ def idle_and_free(lp, timeout=60):
         if (not state[0] and state[1] == state[2] and state[3] == 0) or time.monotonic() > deadline:
             return state
         time.sleep(0.05)
+
+
+def test_server_reads_no_engine_internals():
+    "The server talks to the engine through add_request, abort, step, has_unfinished and scheduler_stats only."
+    import inspect
+
+    import speclab.serve
+    src = inspect.getsource(speclab.serve)
+    for internal in (r"engine\.requests", r"engine\.scheduler\b(?!_stats)", r"engine\.metrics",
+                     r"(sched|scheduler)\.(waiting|running)\b", r"token_ids \+="):
+        assert not re.search(internal, src), internal
+    assert "visible_text" not in src and "tokenizer.decode(" in src      # decoding only for echo and logprobs
 
 
 def test_health_and_models(client):
