@@ -191,7 +191,7 @@ def build_runs(a: argparse.Namespace) -> tuple[dict, dict]:
 
 def warm_up(runs: dict, objs: dict, ids: list[int]) -> dict:
     "One short call of every run (compiled runs: the prompts' shapes too); seconds of each. Resets the counters."
-    from speclab.engine import SpecMetrics
+    from speclab.roofline import SpecMetrics
     warm = {}
     for name, fn in runs.items():
         calls = [ids[:16], ids] if "compiled" in name else [ids[:16]]

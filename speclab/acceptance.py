@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import optimize, stats
 
-from .engine import SpecMetrics
+from .roofline import SpecMetrics
 from .proof import chi_square_gof
 
 # %% ../nbs/09_acceptance.ipynb #fbf3e324

@@ -319,7 +319,8 @@ def training_minutes() -> float:
 def cmd_demo(args: argparse.Namespace) -> int:
     "The shipped pair: six functions completed with speculation (streamed), vLLM's metrics, a fair speed comparison."
     from speclab.sweep import torch_threads
-    from speclab.engine import SpecMetrics, prompt_ids
+    from speclab.engine import prompt_ids
+    from speclab.roofline import SpecMetrics
     params = sampling_params(args, stop=(DEMO_STOP,))
     cores = available_cores()
     idle = idle_cores(cores)

@@ -5,10 +5,10 @@
 # %% auto #0
 __all__ = ['WAITING', 'RUNNING', 'FINISHED', 'DRAFT_SALT', 'DEFAULT_KV_BYTES', 'SamplingParams', 'check_processor_fields',
            'Output', 'RequestState', 'StepOutput', 'ngram_propose', 'NgramDrafter', 'processor_rows', 'take_rows',
-           'grow_history', 'batch_processors', 'request_probs', 'ModelDrafter', 'SpecMetrics', 'kappa_for_batch',
-           'check_schedule', 'StepPlan', 'Proposal', 'Scheduler', 'check_engine_args', 'check_pair', 'check_batch',
-           'SchedulerStats', 'SpecDecoder', 'prompt_ids', 'new_request', 'request_blocks', 'block_bytes', 'pool_blocks',
-           'check_fits', 'ModelRunner', 'prompt_logprobs', 'emitted_logprobs']
+           'grow_history', 'batch_processors', 'request_probs', 'ModelDrafter', 'kappa_for_batch', 'check_schedule',
+           'StepPlan', 'Proposal', 'Scheduler', 'check_engine_args', 'check_pair', 'check_batch', 'SchedulerStats',
+           'SpecDecoder', 'prompt_ids', 'new_request', 'request_blocks', 'block_bytes', 'pool_blocks', 'check_fits',
+           'ModelRunner', 'prompt_logprobs', 'emitted_logprobs']
 
 # %% ../nbs/08_engine.ipynb #fba7d837
 import copy
@@ -17,15 +17,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
 
 from .kv import BlockManager, Request
-from .metadata import SamplingMetadata, SpecDecodeMetadata, rejection_sampler
+from .metadata import SpecDecodeMetadata
 from .model import Detokenizer, KVCache, Llama, forward, forward_paged, paged_batch, paged_cache
-from .sampling import (PLACEHOLDER_TOKEN_ID, ProcessorRows, draw_tokens, process_logits, sampling_probs,
-                              token_counts)
+from .roofline import SpecMetrics
+from .sampling import (PLACEHOLDER_TOKEN_ID, ProcessorRows, SamplingMetadata, draw_tokens, process_logits,
+                              rejection_sampler, sampling_probs, token_counts)
 
 # %% ../nbs/08_engine.ipynb #65a3e0e5
 @dataclass
@@ -319,7 +321,7 @@ def request_probs(logits: torch.Tensor, params: list[SamplingParams],
     top_k = torch.tensor([p.top_k for p in params])
     top_p = torch.tensor([p.top_p for p in params])
     min_p = torch.tensor([p.min_p for p in params], dtype=torch.float64)
-    return sampling_probs(logits, temperature, top_k, top_p, min_p=min_p)
+    return sampling_probs(logits, temperature, top_k, top_p, min_p=min_p, check=False)
 
 class ModelDrafter:
     "Drafts with a smaller model: kappa autoregressive draws from its own q, its K/V in the target's blocks."
@@ -361,7 +363,7 @@ class ModelDrafter:
             tokens = logits.argmax(-1)
             return tokens, torch.nn.functional.one_hot(tokens, logits.shape[1]).float()
         q = request_probs(logits, [r.params for r in batch])
-        return draw_tokens(q, [r.params.greedy for r in batch], [r.draft_gen for r in batch]), q
+        return draw_tokens(q, [r.params.greedy for r in batch], [r.draft_gen for r in batch], check=False), q
 
     def propose(self, batch: list[RequestState], kappas: list[int]) -> tuple[list[list[int]], torch.Tensor | None,
                                                                              list[int]]:
@@ -395,55 +397,6 @@ class ModelDrafter:
             return drafts, None, computed
         order = torch.cat(keys).argsort().to(qs[0].device)    # rows were made position by position: reorder by request
         return drafts, torch.cat(qs)[order], computed
-
-# %% ../nbs/08_engine.ipynb #43d0fb10
-@dataclass
-class SpecMetrics:
-    "Counters in vLLM's convention: a draft is one request-step with kappa > 0; the bonus is not an accepted token."
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: list = field(default_factory=list)
-    drafted_per_pos: list = field(default_factory=list)
-    hist: dict = field(default_factory=dict)   # kappa -> [drafts that accepted 0, 1, ..., kappa tokens]
-
-    def update(self, kappa: int, num_accepted: int) -> None:
-        "Count one request-step that drafted kappa tokens and kept num_accepted of them (kappa = 0: not a draft)."
-        if kappa == 0:
-            return
-        self.num_drafts += 1
-        self.num_draft_tokens += kappa
-        self.num_accepted_tokens += num_accepted
-        grow = kappa - len(self.drafted_per_pos)
-        if grow > 0:
-            self.accepted_per_pos += [0] * grow
-            self.drafted_per_pos += [0] * grow
-        for i in range(kappa):
-            self.drafted_per_pos[i] += 1
-            self.accepted_per_pos[i] += int(i < num_accepted)
-        self.hist.setdefault(kappa, [0] * (kappa + 1))[num_accepted] += 1
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        "1 + accepted / drafts: the tokens a draft step emits on average, Chapter 2's E."
-        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        "Accepted draft tokens / drafted tokens."
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def per_position(self) -> list[float]:
-        "vLLM's acceptance_rates: accepted at position i / number of drafts, so E = 1 + sum(per_position)."
-        return [a / self.num_drafts for a in self.accepted_per_pos]
-
-    def log_line(self) -> str:
-        "The counters as vLLM's periodic 'SpecDecoding metrics' log line."
-        return (f"SpecDecoding metrics: Mean acceptance length: {self.mean_acceptance_length:.2f}, "
-                f"Accepted: {self.num_accepted_tokens} tokens, Drafted: {self.num_draft_tokens} tokens, "
-                f"Per-position acceptance rate: {', '.join(f'{r:.3f}' for r in self.per_position)}, "
-                f"Avg Draft acceptance rate: {100 * self.acceptance_rate:.1f}%")
 
 # %% ../nbs/08_engine.ipynb #aacd39c2
 def kappa_for_batch(schedule: int | dict[int, int], batch_size: int) -> int:
@@ -666,20 +619,20 @@ class SpecDecoder:
                  kappa: int | dict[int, int] = 3, backend: str = "torch", seed: int = 0, *, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, block_size: int = 16, num_blocks: int | None = None,
                  enable_prefix_caching: bool = True, sliding_window: int | None = None,
-                 sampler: Callable[..., torch.Tensor] = rejection_sampler):
+                 sampler: Callable[..., torch.Tensor] | None = None):
         self.kappa = check_schedule(kappa)
         check_engine_args(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                           block_size=block_size, num_blocks=num_blocks, sliding_window=sliding_window)
         if backend not in ("torch", "triton"):
             raise ValueError(f"backend must be 'torch' or 'triton', got {backend!r}")
-        if not callable(sampler):
-            raise TypeError(f"sampler must be callable like rejection_sampler, got {type(sampler).__name__}")
+        if sampler is not None and not callable(sampler):
+            raise TypeError(f"sampler must be None or callable like rejection_sampler, got {type(sampler).__name__}")
         check_pair(target, drafter, tokenizer)
         self.target = target
         self.drafter = drafter
         self.tokenizer = tokenizer
         self.backend = backend
-        self.sampler = sampler
+        self.sampler = sampler or partial(rejection_sampler, check=False)   # SamplingParams checked every input
         self.device = target.head_weight.device
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.max_num_seqs = max_num_seqs
@@ -927,13 +880,14 @@ class ModelRunner:
         pb = paged_batch(blocks, starts, [r.block_table for r in batch], self.block_size, self.device,
                          self.sliding_window)
         cu_num_scheduled_tokens = torch.tensor([len(b) for b in blocks]).cumsum(0)
-        md = SpecDecodeMetadata.from_drafts(drafts, cu_num_scheduled_tokens, device=self.device)
+        md = SpecDecodeMetadata.from_drafts(drafts, cu_num_scheduled_tokens, device=self.device, check=False)
         run_target = getattr(self.drafter, "forward_target", forward_paged)  # an EAGLE head keeps the target's features
         logits = run_target(self.target, self.cache, pb, md.logits_indices)
         params = [r.params for r in batch]
         sampling = SamplingMetadata.from_lists([p.temperature for p in params], [p.top_k for p in params],
                                                [p.top_p for p in params], [r.target_gen for r in batch],
-                                               self.device, batch_processors(batch, logits.shape[1], self.device))
+                                               self.device, batch_processors(batch, logits.shape[1], self.device),
+                                               check=False)
         out = self.sampler(md, logits, proposal.draft_probs, sampling, self.backend)
         logprobs = None
         if any(p.logprobs is not None for p in params):

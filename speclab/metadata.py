@@ -14,8 +14,6 @@ from itertools import accumulate
 import torch
 
 from .sampling import _is_int, cu_num_draft_tokens
-# moved to speclab.sampling; alias until the engine imports it from there
-from .sampling import SamplingMetadata, expand_batch_to_tokens, rejection_sampler  # noqa: F401
 
 # %% ../nbs/05_metadata.ipynb #656b4642
 INDEX_DTYPE = torch.int64  # the dtype of every index tensor SpecDecodeMetadata holds

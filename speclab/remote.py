@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 from tqdm.auto import tqdm
 
-from .engine import SamplingParams, SpecMetrics
+from .engine import SamplingParams
+from .roofline import SpecMetrics
 from .model import load_tokenizer
 from .train import tiny_pair_path
 from .acceptance import fit_alpha

@@ -5,16 +5,16 @@
 # %% auto #0
 __all__ = ['DTYPE_BYTES', 'LLAMA_MODEL_TYPES', 'REQUIRED_CONFIG_KEYS', 'CONFIG_DIR', 'GPUS', 'SPEEDUP_TIE', 'dtype_bytes',
            'ModelSpec', 'known_models', 'GPUSpec', 'get_gpu', 'decode_floor_s', 'decode_floor', 'arithmetic_intensity',
-           'ridge', 'step_cost', 'expected_tokens_from_rates', 'cost_ratio', 'check_alpha', 'naive_speedup',
-           'spec_step_ms', 'break_even_alpha', 'optimal_kappa', 'batch_speedup', 'compute_bound_speedup',
-           'crossing_batch', 'step_time_s', 'context_speedup', 'context_crossing_batch', 'kv_slots_per_step',
-           'reserved_kv_bytes', 'max_concurrency', 'compaction_bytes', 'compaction_us', 'exponential_bytes',
-           'roofline_summary']
+           'ridge', 'step_cost', 'expected_tokens_from_rates', 'SpecMetrics', 'cost_ratio', 'check_alpha',
+           'naive_speedup', 'spec_step_ms', 'break_even_alpha', 'optimal_kappa', 'batch_speedup',
+           'compute_bound_speedup', 'crossing_batch', 'step_time_s', 'context_speedup', 'context_crossing_batch',
+           'kv_slots_per_step', 'reserved_kv_bytes', 'max_concurrency', 'compaction_bytes', 'compaction_us',
+           'exponential_bytes', 'roofline_summary']
 
 # %% ../nbs/02_roofline.ipynb #2c7f11dc
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -188,6 +188,55 @@ def expected_tokens_from_rates(rates: npt.ArrayLike) -> float:
     if np.any(np.diff(r) > 1e-12):
         raise ValueError(f"unconditional rates cannot increase with position, got {r}")
     return 1 + float(r.sum())
+
+# %% ../nbs/02_roofline.ipynb #43d0fb10
+@dataclass
+class SpecMetrics:
+    "Counters in vLLM's convention: a draft is one request-step with kappa > 0; the bonus is not an accepted token."
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list = field(default_factory=list)
+    drafted_per_pos: list = field(default_factory=list)
+    hist: dict = field(default_factory=dict)   # kappa -> [drafts that accepted 0, 1, ..., kappa tokens]
+
+    def update(self, kappa: int, num_accepted: int) -> None:
+        "Count one request-step that drafted kappa tokens and kept num_accepted of them (kappa = 0: not a draft)."
+        if kappa == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += kappa
+        self.num_accepted_tokens += num_accepted
+        grow = kappa - len(self.drafted_per_pos)
+        if grow > 0:
+            self.accepted_per_pos += [0] * grow
+            self.drafted_per_pos += [0] * grow
+        for i in range(kappa):
+            self.drafted_per_pos[i] += 1
+            self.accepted_per_pos[i] += int(i < num_accepted)
+        self.hist.setdefault(kappa, [0] * (kappa + 1))[num_accepted] += 1
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        "1 + accepted / drafts: the tokens a draft step emits on average, the measured E."
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        "Accepted draft tokens / drafted tokens."
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def per_position(self) -> list[float]:
+        "vLLM's acceptance_rates: accepted at position i / number of drafts, so E = 1 + sum(per_position)."
+        return [a / self.num_drafts for a in self.accepted_per_pos]
+
+    def log_line(self) -> str:
+        "The counters as vLLM's periodic 'SpecDecoding metrics' log line."
+        return (f"SpecDecoding metrics: Mean acceptance length: {self.mean_acceptance_length:.2f}, "
+                f"Accepted: {self.num_accepted_tokens} tokens, Drafted: {self.num_draft_tokens} tokens, "
+                f"Per-position acceptance rate: {', '.join(f'{r:.3f}' for r in self.per_position)}, "
+                f"Avg Draft acceptance rate: {100 * self.acceptance_rate:.1f}%")
 
 # %% ../nbs/02_roofline.ipynb #284dca8f
 def cost_ratio(draft: ModelSpec, target: ModelSpec, dtype: str | int | float = "bf16",

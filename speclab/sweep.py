@@ -23,7 +23,7 @@ from .engine import ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder
 from .metadata import SpecDecodeMetadata
 from .model import KVCache, Llama, forward, load_model, load_tokenizer
 from .sampling import (PLACEHOLDER_TOKEN_ID, SamplingMetadata, draw_tokens, generate_uniform_probs,
-                              padded_index, rejection_sampler, sampling_probs)
+                              padded_index, sampling_probs)
 from .train import eval_prompts, tiny_pair_path
 from .acceptance import conditional_rates, fit_alpha
 
@@ -153,7 +153,7 @@ def measure_point(target: Llama, drafter: ModelDrafter | NgramDrafter, prompts: 
     batches = [work[i:i + batch] for i in range(0, len(work), batch)]
     if synthetic_rates is not None and drafter is None:
         raise ValueError("synthetic_rates needs a drafter to time")
-    sampler = rejection_sampler if synthetic_rates is None else SyntheticSampler(synthetic_rates)
+    sampler = None if synthetic_rates is None else SyntheticSampler(synthetic_rates)   # None: the engine's own
     sizes = dict(max_num_seqs=batch, enable_prefix_caching=False)
     plain = SpecDecoder(target, None, tokenizer, kappa=0, seed=seed, **sizes)
     spec = SpecDecoder(target, drafter, tokenizer, kappa=kappa, seed=seed, sampler=sampler, **sizes)

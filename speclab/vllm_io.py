@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from .engine import SpecMetrics
+from .roofline import SpecMetrics
 
 # %% ../nbs/09b_vllm_io.ipynb #6a2d6a4e
 _MARKERS = ("SpecDecoding metrics: ", "Speculative metrics: ")   # V1 since PR #15902 | V0, and V1 before it

@@ -14,7 +14,8 @@ from scipy import optimize, stats
 from speclab.acceptance import fit_alpha, iid_probs, iid_test, metrics_from_hist
 from speclab.sweep import measured_crossing, sweep
 from speclab.vllm_io import load_table, save_table
-from speclab.engine import ModelDrafter, NgramDrafter, SpecMetrics
+from speclab.engine import ModelDrafter, NgramDrafter
+from speclab.roofline import SpecMetrics
 from speclab.roofline import batch_speedup, crossing_batch
 from speclab.testing import tiny_random_pair
 
@@ -152,8 +153,6 @@ def test_statistics_and_readers_import_no_sweep_no_client():
     assert not {"speclab.train", "speclab.sweep", "speclab.remote", "httpx"} & loaded_by_statistics_and_readers()
 
 
-@pytest.mark.xfail(strict=True, reason="SpecMetrics is defined in speclab.engine (torch, the model); this passes, and "
-                   "the strict xfail then fails, once Chapter 8 gives SpecMetrics a module without torch")
 def test_statistics_and_readers_import_no_model():
     "The statistics and the readers import no model, no engine and no torch (a fresh interpreter)."
     assert not {"torch", "speclab.model", "speclab.engine"} & loaded_by_statistics_and_readers()

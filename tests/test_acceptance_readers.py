@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from speclab.engine import SpecMetrics
+from speclab.roofline import SpecMetrics
 from speclab.vllm_io import metrics_delta, parse_prometheus, parse_vllm_log
 
 
