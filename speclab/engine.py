@@ -162,7 +162,6 @@ class RequestState:
     status: str = WAITING
     kv: Request | None = None          # Chapter 6's allocation while admitted: block table, num_computed_tokens
     num_draft_computed: int = 0        # positions whose draft K/V are in the cache (the draft lags the target)
-    num_text_sent: int = 0             # characters of the text already handed out in StepOutput.new_text
     num_steps: int = 0                 # speculative steps that emitted tokens for this request
     num_drafts: int = 0                # steps that drafted for it, drafted tokens, accepted drafts
     num_draft_tokens: int = 0
@@ -213,10 +212,9 @@ class RequestState:
         "The text made visible since the last call (all of what is left once finished; '' without a tokenizer)."
         if self.detokenizer is None:
             return ""
-        text = self.detokenizer.text if finished else self.detokenizer.visible()
-        delta = text[self.num_text_sent:]
-        self.num_text_sent = max(self.num_text_sent, len(text))
-        return delta
+        if finished:
+            self.detokenizer.finish()
+        return self.detokenizer.take()
 
 @dataclass
 class StepOutput:
@@ -877,8 +875,9 @@ class ModelRunner:
         steps = [block_manager.schedule(r.req_id, d) for r, d in zip(batch, drafts)]
         starts = [s.positions[0] for s in steps]
         blocks = [r.token_ids[start:] + d for r, start, d in zip(batch, starts, drafts)]
+        slots = [slot for s in steps for slot in s.slot_mapping]      # the block manager's, computed once
         pb = paged_batch(blocks, starts, [r.block_table for r in batch], self.block_size, self.device,
-                         self.sliding_window)
+                         self.sliding_window, slots)
         cu_num_scheduled_tokens = torch.tensor([len(b) for b in blocks]).cumsum(0)
         md = SpecDecodeMetadata.from_drafts(drafts, cu_num_scheduled_tokens, device=self.device, check=False)
         run_target = getattr(self.drafter, "forward_target", forward_paged)  # an EAGLE head keeps the target's features

@@ -312,7 +312,6 @@ class PagedBatch:
     positions: torch.Tensor           # [N] int64
     slot_mapping: torch.Tensor        # [N] int64, where each token's K/V is written
     query_lens: list[int]             # [B] tokens each request feeds (>= 1)
-    context_lens: torch.Tensor        # [B] keys each request's last query sees (its last position + 1)
     last_token_indices: torch.Tensor  # [B] flat row of each request's last token
     key_slots: torch.Tensor           # [B, L] slot of each key a request may read (padding: its last token's slot)
     attn_mask: torch.Tensor | None    # [B, 1, T, L] bool: query t of request b sees key l (None: every query sees all)
@@ -395,8 +394,12 @@ def _group(n, query_lens, first_rows, ends, first_keys, key_slots, mask, device)
     return rows, key_slots[index, :max(widths)].to(device), group_mask
 
 def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[list[int]], block_size: int,
-                device: str | torch.device = "cpu", sliding_window: int | None = None) -> PagedBatch:
-    "Index tensors of one paged forward: request b feeds blocks[b] at positions starts[b], starts[b] + 1, ..."
+                device: str | torch.device = "cpu", sliding_window: int | None = None,
+                slot_mapping: list[int] | None = None) -> PagedBatch:
+    """Index tensors of one paged forward: request b feeds blocks[b] at positions starts[b], starts[b] + 1, ...
+
+    `slot_mapping`: each fed token's slot, request after request, when the caller has them (the block manager's
+    `schedule` computes them); else computed here from the block tables."""
     _check_paged_batch(blocks, starts, block_tables, block_size, sliding_window)
     width = max(len(t) for t in block_tables)
     table = _ids([list(t) + [FREED] * (width - len(t)) for t in block_tables], FREED)     # [B, width]
@@ -406,14 +409,18 @@ def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[l
                          f"got {list(block_tables[b])[:8]}")
     query_lens = [len(block) for block in blocks]
     N, T = sum(query_lens), max(query_lens)
-    ends = [s + n for s, n in zip(starts, query_lens)]                 # context_lens
+    ends = [s + n for s, n in zip(starts, query_lens)]                 # each request's last position + 1
     first_keys = [0 if sliding_window is None else max(0, s - sliding_window + 1) for s in starts]
     max_block = _touched_blocks(starts, ends, first_keys, block_tables, block_size, sliding_window)
     # per token, on the host: its id, its position and its slot, then one tensor for the three
     flat = list(itertools.chain.from_iterable(blocks))
     positions = list(itertools.chain.from_iterable(range(s, e) for s, e in zip(starts, ends)))
-    slots = [t[p // block_size] * block_size + p % block_size
-             for t, s, e in zip(block_tables, starts, ends) for p in range(s, e)]
+    slots = slot_mapping
+    if slots is None:
+        slots = [t[p // block_size] * block_size + p % block_size
+                 for t, s, e in zip(block_tables, starts, ends) for p in range(s, e)]
+    if len(slots) != N:
+        raise ValueError(f"slot_mapping must hold one slot per fed token ({N}), got {len(slots)}")
     rows = _ids([flat, positions, slots], 0)
     if rows is None:
         b = _first_bad(blocks, lambda t: _is_index(t) and t >= 0)
@@ -446,7 +453,7 @@ def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[l
     per_request = per_request.to(device)
     return PagedBatch(
         token_ids=rows[0], positions=rows[1], slot_mapping=rows[2], query_lens=query_lens,
-        context_lens=per_request[1], last_token_indices=per_request[4], key_slots=key_slots.to(device),
+        last_token_indices=per_request[4], key_slots=key_slots.to(device),
         attn_mask=None if mask is None else mask.to(device), groups=groups, block_size=block_size,
         max_block=max_block, max_position=max(ends) - 1, max_token_id=max(flat))
 
