@@ -696,7 +696,8 @@ class SpecDecoder:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     on_tokens: Callable[[list[int]], None] | None = None) -> int:
         "Queue a request (text or ids); it joins the batch at the next step that has room. Returns its id."
-        r = new_request(self, prompt, params or SamplingParams(), on_tokens)
+        r = new_request(self, self.next_id, prompt, params or SamplingParams(), on_tokens)
+        self.next_id += 1
         (refused,) = self._queue([r])
         if refused is not None:
             raise ValueError(refused.removeprefix("ValueError: "))
@@ -714,7 +715,7 @@ class SpecDecoder:
         if plan is None or not plan.requests:
             return []
         t0 = time.perf_counter()
-        proposal = self.runner.propose(plan, catch_up=self.enable_prefix_caching)
+        proposal = self.runner.draft(plan, catch_up=self.enable_prefix_caching)
         t1 = time.perf_counter()
         output_token_ids, logprobs, num_tokens = self.runner.verify(plan, proposal, self.block_manager)
         t2 = time.perf_counter()
@@ -736,9 +737,11 @@ class SpecDecoder:
         for i, (prompt, sp) in enumerate(zip(prompts, params)):
             stream = None if on_tokens is None else (lambda ids, i=i: on_tokens(i, ids))
             try:
-                index[new_request(self, prompt, sp, stream)] = i
+                index[new_request(self, self.next_id, prompt, sp, stream)] = i
             except (ValueError, TypeError) as e:
                 outputs[i] = Output([], None, "error", f"{type(e).__name__}: {e}")
+                continue
+            self.next_id += 1
         pending = {}
         for r, refused in zip(index, self._queue(list(index)) if index else []):
             if refused is None:
@@ -794,9 +797,9 @@ def prompt_ids(engine: SpecDecoder, prompt: str | list[int], params: SamplingPar
         raise ValueError(f"ignore_eos=True conflicts with the EOS id {eos} in stop_token_ids")
     return ids
 
-def new_request(engine: SpecDecoder, prompt: str | list[int], params: SamplingParams,
+def new_request(engine: SpecDecoder, req_id: int, prompt: str | list[int], params: SamplingParams,
                 on_tokens: Callable[[list[int]], None] | None = None) -> RequestState:
-    "A checked request with the engine's next id (taken), its stop ids, generators and detokenizer; not yet queued."
+    "A checked request for `engine` with its stop ids, generators and detokenizer (not queued; the engine owns ids)."
     ids = prompt_ids(engine, prompt, params)
     eos = getattr(engine.tokenizer, "eos_token_id", None)
     stop_ids = frozenset(params.stop_token_ids) | ({eos} if eos is not None and not params.ignore_eos else set())
@@ -805,8 +808,7 @@ def new_request(engine: SpecDecoder, prompt: str | list[int], params: SamplingPa
                          "them: no token could be sampled")
     target_gen, draft_gen = _gens(params, engine.gen, engine.device)
     detokenizer = None if engine.tokenizer is None else Detokenizer(engine.tokenizer, params.stop, stop_ids)
-    engine.next_id += 1
-    return RequestState(engine.next_id - 1, ids, len(ids), params, stop_ids, target_gen, draft_gen, detokenizer,
+    return RequestState(req_id, ids, len(ids), params, stop_ids, target_gen, draft_gen, detokenizer,
                         on_tokens=on_tokens)
 
 # %% ../nbs/08_engine.ipynb #a1b2c3d7
@@ -857,7 +859,7 @@ class ModelRunner:
         if drafter is not None:
             drafter.bind(num_blocks, block_size, sliding_window)
 
-    def propose(self, plan: StepPlan, catch_up: bool) -> Proposal:
+    def draft(self, plan: StepPlan, catch_up: bool) -> Proposal:
         "Stage 2: the drafter's tokens and q rows (a model drafter catches its cache up first, also when `catch_up`)."
         drafter = self.drafter
         if drafter is None or not (any(plan.kappas) or catch_up and drafter.uses_probs):
@@ -872,7 +874,7 @@ class ModelRunner:
                block_manager: BlockManager) -> tuple[torch.Tensor, list | None, int]:
         "Stages 3-5: slots for every draft, one target forward over the batch, the sampler: (output ids, logprobs, N)."
         batch, drafts = plan.requests, proposal.drafts
-        steps = [block_manager.schedule(r.req_id, d) for r, d in zip(batch, drafts)]
+        steps = [block_manager.allocate_slots(r.req_id, d) for r, d in zip(batch, drafts)]
         starts = [s.positions[0] for s in steps]
         blocks = [r.token_ids[start:] + d for r, start, d in zip(batch, starts, drafts)]
         slots = [slot for s in steps for slot in s.slot_mapping]      # the block manager's, computed once

@@ -40,7 +40,7 @@ class Request:
     spec_tokens: list | None = None
 
 class Step(NamedTuple):
-    "What one `schedule` call asks the model to compute: the positions, and the slot that receives each one's K/V."
+    "What one `allocate_slots` call asks the model to compute: the positions, and the slot receiving each one's K/V."
     positions: list
     slot_mapping: list
 
@@ -218,7 +218,7 @@ class BlockManager:
                 self._cache_block(r.block_ids[i], r.block_hashes[i])
         r.num_cached_blocks = max(r.num_cached_blocks, end)
 
-    # -- a request's life: add, schedule (optimism), commit (rollback), finish, preempt --
+    # -- a request's life: add, allocate_slots (optimism), commit (rollback), finish, preempt --
     def add_request(self, req_id: Hashable, prompt_tokens: Sequence[int]) -> int:
         "Register a request; reuse the cached full blocks of its prompt. Returns the number of prompt tokens reused."
         if req_id in self.requests:
@@ -270,7 +270,7 @@ class BlockManager:
         self._grow(r, *self._plan(r, num_lookahead))
         return r.num_computed_tokens
 
-    def schedule(self, req_id: Hashable, draft_tokens: Sequence[int] = ()) -> Step:
+    def allocate_slots(self, req_id: Hashable, draft_tokens: Sequence[int] = ()) -> Step:
         "Allocate slots for the uncomputed finalized tokens plus `draft_tokens`; count them all as computed."
         r = self._get(req_id)
         if r.spec_tokens is not None:
@@ -303,7 +303,7 @@ class BlockManager:
         r = self._get(req_id)
         if r.spec_tokens is None:
             raise ValueError(f"request {req_id!r} has no step in flight: nothing to commit or roll back "
-                             "(schedule it first)")
+                             "(allocate_slots first)")
         if not _is_int(num_accepted):
             raise ValueError(f"num_accepted must be an int, got {num_accepted!r}")
         if num_accepted < 0:
@@ -429,7 +429,7 @@ def toy_step(manager: BlockManager, kv: PagedKV, req_id: Hashable, tokens: list[
     """Schedule, write K/V for every scheduled position (drafts included), commit n accepted drafts + `next_token`.
     `tokens` is the caller's list of the request's finalized tokens (the engine's record); it grows by the emitted."""
     drafts = list(draft_tokens)
-    s = manager.schedule(req_id, drafts)
+    s = manager.allocate_slots(req_id, drafts)
     token_ids = list(tokens[s.positions[0]:]) + drafts
     kv.write(s.slot_mapping, *toy_kv(token_ids, s.positions, *kv.k.shape[2:], dtype=kv.k.dtype))
     emitted = drafts[:num_accepted] + [next_token]
@@ -440,8 +440,8 @@ def toy_step(manager: BlockManager, kv: PagedKV, req_id: Hashable, tokens: list[
 # %% ../nbs/06_kv.ipynb #057ebf17
 class BuggyPrefixManager(BlockManager):
     "A planted bug (Hazard 2): caches the blocks a step's drafts complete, keyed by the drafts, before any is judged."
-    def schedule(self, req_id: Hashable, draft_tokens: Sequence[int] = ()) -> Step:
-        step = super().schedule(req_id, draft_tokens)
+    def allocate_slots(self, req_id: Hashable, draft_tokens: Sequence[int] = ()) -> Step:
+        step = super().allocate_slots(req_id, draft_tokens)
         r, size = self.requests[req_id], self.block_size
         if not self.enable_prefix_caching:
             return step
@@ -622,7 +622,7 @@ def _play(manager, ops, num_blocks=12, block_size=4, sliding_window=None,
                 if bad:
                     return n, bad
             if reserved and len(req.block_ids) > held:
-                return n, [f"schedule allocated {len(req.block_ids) - held} blocks a reservation already held"]
+                return n, [f"allocate_slots allocated {len(req.block_ids) - held} blocks a reservation already held"]
         elif kind == "finish":
             m.finish(rid)
         else:

@@ -399,7 +399,7 @@ def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[l
     """Index tensors of one paged forward: request b feeds blocks[b] at positions starts[b], starts[b] + 1, ...
 
     `slot_mapping`: each fed token's slot, request after request, when the caller has them (the block manager's
-    `schedule` computes them); else computed here from the block tables."""
+    `allocate_slots` computes them); else computed here from the block tables."""
     _check_paged_batch(blocks, starts, block_tables, block_size, sliding_window)
     width = max(len(t) for t in block_tables)
     table = _ids([list(t) + [FREED] * (width - len(t)) for t in block_tables], FREED)     # [B, width]

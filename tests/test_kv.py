@@ -159,7 +159,7 @@ def test_window_boundary_comes_from_processed_tokens():
 def _manager():
     m, kv = BlockManager(6, 4), PagedKV(6, 4)
     m.add_request("a", range(6)); toy_step(m, kv, "a", list(range(6)), [], 0, 6)
-    m.schedule("a", [7, 8]); m.add_request("b", [9])
+    m.allocate_slots("a", [7, 8]); m.add_request("b", [9])
     return m
 
 
@@ -172,12 +172,12 @@ def _manager():
     (lambda m: m.commit("a", 0, [PLACEHOLDER_TOKEN_ID]), "emitted_tokens"),
     (lambda m: m.commit("b", 0, [1]), "no step in flight"),
     (lambda m: m.commit("x", 0, [1]), "unknown request id 'x'"),
-    (lambda m: m.schedule("x"), "unknown request id 'x'"),
+    (lambda m: m.allocate_slots("x"), "unknown request id 'x'"),
     (lambda m: m.finish("x"), "unknown request id 'x'"),
     (lambda m: m.preempt("x"), "unknown request id 'x'"),
-    (lambda m: m.schedule("a", [1]), "in flight"),
-    (lambda m: m.schedule("b", [1] * 20), "out of KV blocks"),
-    (lambda m: m.schedule("b", "12"), "draft_tokens"),
+    (lambda m: m.allocate_slots("a", [1]), "in flight"),
+    (lambda m: m.allocate_slots("b", [1] * 20), "out of KV blocks"),
+    (lambda m: m.allocate_slots("b", "12"), "draft_tokens"),
     (lambda m: m.add_request("a", [1]), "already exists"),
     (lambda m: m.add_request("c", []), "prompt_tokens"),
     (lambda m: m.tree_path_moves("a", [1, 0]), "increasing"),
@@ -301,7 +301,7 @@ def test_blocks_needed_counts_prefix_hits_that_sit_in_the_free_list():
     "A preempted request's hits cost a block each while free, nothing while another request uses them."
     m = BlockManager(8, 4)
     m.add_request("a", range(10, 19))
-    m.schedule("a")
+    m.allocate_slots("a")
     m.commit("a", 0, [7])  # 10 tokens; blocks 0 and 1 are cached
     m.preempt("a")
     assert (m.free_blocks, m.blocks_needed("a", 2)) == (8, 3)
@@ -310,12 +310,12 @@ def test_blocks_needed_counts_prefix_hits_that_sit_in_the_free_list():
     free = m.free_blocks
     assert m.reserve("a", 2) == 8 and m.free_blocks == free - 1
     assert m.block_table("a")[:2] == m.block_table("c")
-    s = m.schedule("a", [1, 2])
+    s = m.allocate_slots("a", [1, 2])
     assert s.positions == [8, 9, 10, 11] and m.free_blocks == free - 1  # computes tokens[8:] + drafts
     assert check_invariants(m) == []
     off = BlockManager(8, 4, enable_prefix_caching=False)  # the same story with the cache off: all recomputed
     off.add_request("a", range(10, 19))
-    off.schedule("a")
+    off.allocate_slots("a")
     off.commit("a", 0, [7])
     off.preempt("a")
     assert off.add_request("c", [*range(10, 18), 99]) == 0
@@ -326,7 +326,7 @@ def test_a_refused_reservation_changes_nothing():
     "Refused for room, a reservation claims no prefix hit and moves no block, even for a preempted request."
     m = BlockManager(6, 4)
     m.add_request("a", range(10, 19))
-    m.schedule("a")
+    m.allocate_slots("a")
     m.commit("a", 0, [7])
     m.preempt("a")                      # blocks 0 and 1 cached, all 6 free
     m.add_request("b", range(50, 59))   # 9 tokens: b takes 3 blocks; the 3 left are 2 and the cached 1, 0
@@ -337,7 +337,7 @@ def test_a_refused_reservation_changes_nothing():
         m.reserve("a", 3)
     assert m.state() == before
     with pytest.raises(ValueError, match="out of KV blocks"):
-        m.schedule("a", [1, 2, 3])
+        m.allocate_slots("a", [1, 2, 3])
     assert m.state() == before
     assert m.reserve("a", 2) == 8 and m.free_blocks == 0  # 12 positions: the two hits and one fresh block
 
@@ -370,7 +370,7 @@ def test_reserved_blocks_must_be_private():
     for manager in (BlockManager, _NoEvict):
         m = manager(3, 4)
         m.add_request("a", range(9))
-        m.schedule("a")
+        m.allocate_slots("a")
         m.commit("a", 0, [9])
         m.finish("a")
         m.add_request("b", [50])
@@ -405,10 +405,10 @@ class _Counting(BlockManager):
         self.reservations += 1
         return out
 
-    def schedule(self, req_id, draft_tokens=()):
+    def allocate_slots(self, req_id, draft_tokens=()):
         r = self.requests[req_id]
         covered = r.block_ids and len(r.block_ids) * self.block_size >= r.num_tokens + len(draft_tokens)
-        out = super().schedule(req_id, draft_tokens)
+        out = super().allocate_slots(req_id, draft_tokens)
         self.reserved_steps += bool(covered)
         return out
 
@@ -440,12 +440,12 @@ def test_steady_state_steps_do_not_look_up_the_prefix_cache():
     assert m.lookups == 2
     for n in range(40):
         m.reserve("a", 3)
-        m.schedule("a", [1, 2, 3])
+        m.allocate_slots("a", [1, 2, 3])
         m.commit("a", n % 4, [1, 2, 3][:n % 4] + [9])
     assert m.lookups == 2
     m.preempt("a")
     assert m.blocks_needed("a", 3) > 0 and m.reserve("a", 3) > 0 and m.lookups == 4
-    m.schedule("a", [1])
+    m.allocate_slots("a", [1])
     m.commit("a", 0, [2])
     assert m.lookups == 4
 
@@ -483,7 +483,7 @@ def test_engine_style_scheduler_admits_reserves_and_preempts():
         for rid in running:  # (3) draft, verify, commit: no allocation
             free = m.free_blocks
             drafts = [rng.randrange(6) for _ in range(kappa)]
-            s = m.schedule(rid, drafts)
+            s = m.allocate_slots(rid, drafts)
             assert m.free_blocks == free
             kv.write(s.slot_mapping, *toy_kv(history[rid][s.positions[0]:] + drafts, s.positions))
             num_accepted = rng.randint(0, kappa)
@@ -508,7 +508,7 @@ def test_no_teaching_policy_in_the_production_class():
         BlockManager(8, 4, policy="buggy_prefix")
     assert not hasattr(BlockManager(8, 4), "policy")
     assert BuggyPrefixManager.__mro__[1] is BlockManager and BuggyWindowManager.__mro__[1] is BlockManager
-    assert set(vars(BuggyPrefixManager)) & set(vars(BlockManager)) == {"schedule", "__doc__", "__module__"}
+    assert set(vars(BuggyPrefixManager)) & set(vars(BlockManager)) == {"allocate_slots", "__doc__", "__module__"}
     assert set(vars(BuggyWindowManager)) & set(vars(BlockManager)) == {"commit", "__doc__", "__module__"}
 
 
@@ -582,7 +582,7 @@ def test_prefix_lookup_is_linear_in_the_prompt(num_tokens, monkeypatch):
     m = BlockManager(num_tokens // size + 2, size)
     prompt = [random.Random(num_tokens).randrange(32000) for _ in range(num_tokens)]
     m.add_request("warm", prompt + [1])
-    m.schedule("warm")
+    m.allocate_slots("warm")
     m.commit("warm", 0, [2])
     m.finish("warm")
     m.cached = _ProbeCounter(m.cached)
@@ -598,7 +598,7 @@ def test_free_queue_is_lru_and_a_hit_leaves_the_middle():
     m = BlockManager(8, 2)
     for rid in "abc":                                      # three one-block prompts, each cached, then freed
         m.add_request(rid, [ord(rid), 0, 1])
-        m.schedule(rid)
+        m.allocate_slots(rid)
         m.commit(rid, 0, [5])
     tables = {rid: m.block_table(rid) for rid in "abc"}
     for rid in "bac":

@@ -333,14 +333,14 @@ def fresh_kv(which: int, key: tuple[int, ...], block_size: int) -> torch.Tensor:
 
 
 def record_fed_sequences(eng: SpecDecoder) -> list[list[int]]:
-    "Every sequence a step feeds (a request's tokens + its drafts), recorded as the runner drafts: wraps propose."
-    fed, propose = [], eng.runner.propose
+    "Every sequence a step feeds (a request's tokens + its drafts), recorded as the runner drafts: wraps its draft."
+    fed, draft = [], eng.runner.draft
 
     def record(plan, catch_up):
-        proposal = propose(plan, catch_up)
+        proposal = draft(plan, catch_up)
         fed.extend(r.token_ids + d for r, d in zip(plan.requests, proposal.drafts))
         return proposal
-    eng.runner.propose = record
+    eng.runner.draft = record
     return fed
 
 
