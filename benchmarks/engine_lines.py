@@ -4,7 +4,8 @@
     python benchmarks/engine_lines.py --nano /path/to/nano-vllm --json
 
 speclab's engine path: all of `speclab/engine.py` (requests, sampling parameters, drafters, processors, scheduler,
-runner, engine) and the production block manager of `speclab/kv.py` (its record, keys, free queue and the
+runner, engine), its counters (`SpecMetrics`, in `speclab/roofline.py`) and the production block manager of
+`speclab/kv.py` (its record, keys, free queue and the
 `BlockManager` class), without Chapter 6's teaching code (the toy K/V, the wrong managers, the invariant checker and
 its fuzzer). nano-vllm: its whole package (1,195 lines at commit bb823b3, model and layers included) and its
 `engine/` folder with config, sampling parameters and sampler (the part that does what speclab's path does).
@@ -53,8 +54,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)
     res = {"speclab_engine_py": file_lines(ROOT / "speclab" / "engine.py"),
+           "speclab_spec_metrics": definitions_lines(ROOT / "speclab" / "roofline.py", ("SpecMetrics",)),
            "speclab_kv_production": definitions_lines(ROOT / "speclab" / "kv.py", KV_PRODUCTION)}
-    res["speclab_engine_path"] = res["speclab_engine_py"] + res["speclab_kv_production"]
+    res["speclab_engine_path"] = sum(res.values())
     pkg = a.nano / "nanovllm"
     if pkg.is_dir():
         res["nano_vllm_package"] = sum(file_lines(p) for p in pkg.rglob("*.py"))
