@@ -288,16 +288,32 @@ def test_plain_disconnect_frees_blocks(client, server):
 
 def test_late_request_joins_the_batch(client, server):
     "Continuous batching: a short request sent while a long stream runs finishes while the long one still runs."
-    lp = server[1]
-    with client.stream("POST", "/v1/completions", json={"prompt": PROMPTS[2], "max_tokens": 300, "temperature": 0,
-                                                        "ignore_eos": True, "stream": True}) as r:
-        lines = r.iter_lines()
-        next(line for line in lines if line.startswith("data: "))
-        short = complete(client, prompt="x = ", max_tokens=4, temperature=0)
-        running = lp.call(lambda e: e.scheduler_stats().num_running).result(timeout=60)
-        rest = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    lp, log = server[1], []
+
+    def install(engine):
+        "Hold the engine (bounded) once the long request has tokens, until the short one's Add arrives; then log."
+        def step():
+            if not log and any(t.num_tokens for t in lp.requests.values()):
+                deadline = time.monotonic() + 60
+                while lp.commands.empty() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            outs = type(engine).step(engine)
+            log.append(([len(o.finished.token_ids) for o in outs if o.finished is not None], engine.has_unfinished()))
+            return outs
+        engine.step = step
+    lp.call(install).result(timeout=60)
+    try:
+        with client.stream("POST", "/v1/completions", json={"prompt": PROMPTS[2], "max_tokens": 300,
+                                                            "temperature": 0, "ignore_eos": True, "stream": True}) as r:
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            short = complete(client, prompt="x = ", max_tokens=4, temperature=0)
+            rest = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    finally:
+        lp.call(lambda e: e.__dict__.pop("step", None)).result(timeout=60)
     assert short["usage"]["completion_tokens"] == 4
-    assert running == 1, "the long request had finished before the short one: it did not join the batch"
+    first_done = next((done, still_running) for done, still_running in log if done)
+    assert first_done == ([4], True), f"the first request to finish (tokens, others running): {first_done}"
     assert rest[-1]["choices"][0]["finish_reason"] == "length"
 
 
