@@ -181,6 +181,7 @@ class RequestState:
 
     @property
     def num_output_tokens(self) -> int:
+        "How many tokens it has emitted."
         return len(self.token_ids) - self.num_prompt_tokens
 
     @property
