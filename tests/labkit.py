@@ -1,0 +1,107 @@
+"""What the lab tests share (tests/test_labs.py, tests/test_lab08.py, tests/test_lab09.py): a lab's paths, its own
+self-check runner (labs/<lab>/selfcheck.py: cells exec'd in one fresh Python process, then each OK-format test case as
+a doctest, one JSON report back), and readers of notebooks and test files. A self-check of the labs' content, not the
+course autograder."""
+import importlib.util
+import json
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Lab:
+    "One lab: its folder under labs/, its notebook's name, its question count and what its checks expect."
+    folder: str                    # e.g. "08_acceptance"
+    notebook: str                  # the master's (and the student's) notebook name
+    num_questions: int
+    min_solution_lines: int        # the master marks at least this many solution lines
+    master_timeout: int            # seconds for the master's run
+
+    @property
+    def path(self) -> Path:
+        return ROOT / "labs" / self.folder
+
+    @property
+    def master(self) -> Path:
+        return self.path / self.notebook
+
+    @property
+    def student(self) -> Path:
+        return self.path / "student"
+
+    @property
+    def autograder(self) -> Path:
+        return self.path / "autograder"
+
+    @cached_property
+    def selfcheck(self):
+        "The lab's labs/<lab>/selfcheck.py, imported from its file."
+        return load_module(self.path / "selfcheck.py", f"lab{self.folder[:2]}_selfcheck")
+
+    def tests(self, where: str = "autograder") -> dict:
+        "{question name: [cases]} from otter's OK-format files in student/ or autograder/."
+        return {name: cases for name, _, cases in self.selfcheck.load_tests(self.path / where / "tests")}
+
+    def check(self, notebook: Path, timeout: int = 600, only: list | None = None) -> dict:
+        "The self-check report of `notebook` run with the autograder's tests (all of them, or `only`)."
+        kwargs = {} if only is None else {"only": only}
+        return self.selfcheck.check_notebook(notebook, self.autograder / "tests", timeout=timeout, **kwargs)
+
+
+LAB08 = Lab("08_acceptance", "acceptance.ipynb", 8, 40, 1200)
+LAB09 = Lab("09_audit", "audit.ipynb", 5, 25, 600)
+
+
+def load_module(path: Path, name: str):
+    "A Python file imported as module `name`."
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cells(path) -> list:
+    return json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
+
+
+def src(cell) -> str:
+    return cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+
+
+def by_question(report) -> dict:
+    out = {}
+    for res in report["results"]:
+        out.setdefault(res["question"], []).append(res)
+    return out
+
+
+def solution_lines(master_cells) -> list:
+    "Non-trivial lines the master marks as solution: inside # BEGIN/END SOLUTION blocks, or ending in # SOLUTION."
+    lines = []
+    for c in master_cells:
+        if c["cell_type"] != "code":
+            continue
+        inside = False
+        for ln in src(c).splitlines():
+            s = ln.strip()
+            if re.match(r"#\s*BEGIN SOLUTION", s):
+                inside = True
+                continue
+            if re.match(r"#\s*END SOLUTION", s):
+                inside = False
+                continue
+            if inside:
+                lines.append(s)
+            elif re.search(r"#\s*SOLUTION\s*$", s):
+                lines.append(re.sub(r"#\s*SOLUTION\s*$", "", s).strip())
+    return [ln for ln in lines if len(ln) >= 12 and not ln.startswith("#")]
+
+
+def student_text(lab: Lab) -> str:
+    "The student's notebook and public test files as one text."
+    nb = "\n".join(src(c) for c in cells(lab.student / lab.notebook))
+    return nb + "\n" + "\n".join(p.read_text() for p in sorted((lab.student / "tests").glob("*.py")))
