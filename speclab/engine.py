@@ -308,6 +308,8 @@ def grow_history(rows: ProcessorRows, drafted: torch.Tensor) -> ProcessorRows:
 def batch_processors(batch: list[RequestState], vocab_size: int,
                      device: str | torch.device | None = None) -> ProcessorRows | None:
     "`processor_rows` of the requests of a step, from their prompts and generated tokens so far."
+    if not any(r.params.processed for r in batch):           # the usual step: no request uses a processor
+        return None
     return processor_rows([r.params for r in batch], [r.prompt_ids for r in batch], [r.output_ids for r in batch],
                           [r.stop_ids for r in batch], vocab_size, device)
 
@@ -671,7 +673,8 @@ class SpecDecoder:
         window = self.sliding_window
         if window is not None and isinstance(self.drafter, ModelDrafter):
             window += 1                                        # the draft's queries lag the target's by one position
-        bm = BlockManager(num_blocks, self.block_size, window, enable_prefix_caching=self.enable_prefix_caching)
+        bm = BlockManager(num_blocks, self.block_size, window, enable_prefix_caching=self.enable_prefix_caching,
+                          check=False)                         # requests were checked once, at add_request
         self.runner = ModelRunner(self.target, self.drafter, num_blocks, self.block_size, self.sliding_window,
                                   self.sampler, self.backend)
         self.scheduler = Scheduler(bm, self.max_num_seqs, self.max_num_batched_tokens,

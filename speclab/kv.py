@@ -123,7 +123,7 @@ class FreeBlockQueue:
 class BlockManager:
     "Paged-KV bookkeeping for speculative decoding: LRU free queue, reference counts, block tables, prefix cache."
     def __init__(self, num_blocks: int, block_size: int, sliding_window: int | None = None,
-                 enable_prefix_caching: bool = True):
+                 enable_prefix_caching: bool = True, check: bool = True):
         for name, v in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not _is_int(v) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -133,6 +133,7 @@ class BlockManager:
             raise ValueError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
         self.num_blocks, self.block_size, self.sliding_window = num_blocks, block_size, sliding_window
         self.enable_prefix_caching = enable_prefix_caching  # False: no block is ever hashed, looked up or cached
+        self.check = check    # False: trust each step's tokens (the engine checked its requests at its edge)
         self.free_queue = FreeBlockQueue(num_blocks)  # allocate from the head, free to the tail
         self.ref_cnt = [0] * num_blocks
         self.cached = {}      # block key (hash chain) -> block id: the prefix cache
@@ -275,7 +276,7 @@ class BlockManager:
         r = self._get(req_id)
         if r.spec_tokens is not None:
             raise ValueError(f"request {req_id!r} already has a step in flight; commit it first")
-        drafts = _check_tokens(draft_tokens, "draft_tokens")
+        drafts = _check_tokens(draft_tokens, "draft_tokens") if self.check else draft_tokens
         hits, fresh = self._plan(r, len(drafts))  # after reserve(req_id, k >= len(drafts)): no hits, fresh == 0
         start = len(hits) * self.block_size if not r.block_ids else r.num_computed_tokens
         if any(b == FREED for b in r.block_ids[start // self.block_size:]):
@@ -298,26 +299,33 @@ class BlockManager:
             r.block_ids[i] = FREED
             i -= 1
 
-    def commit(self, req_id: Hashable, num_accepted: int, emitted_tokens: Sequence[int]) -> int:
-        "Finish the step in flight: roll back the rejected drafts, append the emitted tokens (n accepted + 1)."
-        r = self._get(req_id)
-        if r.spec_tokens is None:
-            raise ValueError(f"request {req_id!r} has no step in flight: nothing to commit or roll back "
-                             "(allocate_slots first)")
+    def _check_commit(self, r, num_accepted, emitted):
+        "Refuse a commit whose counts or tokens do not fit the step in flight."
         if not _is_int(num_accepted):
             raise ValueError(f"num_accepted must be an int, got {num_accepted!r}")
         if num_accepted < 0:
             raise ValueError(f"num_accepted must be >= 0, got {num_accepted}")
-        kappa = len(r.spec_tokens)
-        if num_accepted > kappa:
-            raise ValueError(f"num_accepted={num_accepted} but request {req_id!r} drafted only {kappa} tokens")
-        emitted = _check_tokens(emitted_tokens, "emitted_tokens")
+        if num_accepted > len(r.spec_tokens):
+            raise ValueError(f"num_accepted={num_accepted} but request {r.req_id!r} drafted only "
+                             f"{len(r.spec_tokens)} tokens")
         if len(emitted) != num_accepted + 1:
             raise ValueError(f"emitted_tokens must hold num_accepted + 1 = {num_accepted + 1} tokens, "
                              f"got {len(emitted)}")
         if emitted[:num_accepted] != r.spec_tokens[:num_accepted]:
             raise ValueError(f"the first num_accepted emitted_tokens must be the accepted drafts "
                              f"{r.spec_tokens[:num_accepted]}, got {emitted[:num_accepted]}")
+
+    def commit(self, req_id: Hashable, num_accepted: int, emitted_tokens: Sequence[int]) -> int:
+        "Finish the step in flight: roll back the rejected drafts, append the emitted tokens (n accepted + 1)."
+        r = self._get(req_id)
+        if r.spec_tokens is None:
+            raise ValueError(f"request {req_id!r} has no step in flight: nothing to commit or roll back "
+                             "(allocate_slots first)")
+        emitted = emitted_tokens
+        if self.check:
+            emitted = _check_tokens(emitted_tokens, "emitted_tokens")
+            self._check_commit(r, num_accepted, emitted)
+        kappa = len(r.spec_tokens)
         r.num_computed_tokens -= kappa - num_accepted  # the rollback: rejected slots are simply never read
         self._append_tokens(r, emitted)
         r.spec_tokens = None
