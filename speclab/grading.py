@@ -9,6 +9,7 @@ __all__ = ['SANDBOX_SCRIPT', 'FRESH', 'PRACTICE_COMMAND', 'WHEEL_FILES', 'SETUP_
            'write_results', 'grade_folder', 'build_wheel', 'frozen_requirements', 'write_gradescope']
 
 # %% ../nbs/10_grading.ipynb #b0115760
+# The sandboxed child imports this module: the standard library and numpy only here (see `_child_main`).
 import ast
 import csv
 import doctest
@@ -28,9 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
-
-from .proof import as_pair, chi_square_gof, LEVEL
 
 # %% ../nbs/10_grading.ipynb #d3ab48af
 @dataclass(frozen=True)
@@ -53,6 +51,7 @@ class TestCase:
 # %% ../nbs/10_grading.ipynb #8e0337f2
 def _draws_spec(expr: str) -> dict | None:
     "`exactness_verdict(fn, [p...], [q...], n=N, seed=S)` with literal arguments -> the draws the parent asks for."
+    from speclab.proof import as_pair
     tree = ast.parse(expr, mode="eval").body
     if not (isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name) and tree.func.id == "exactness_verdict"):
         return None
@@ -418,6 +417,7 @@ def read_submission(path: str | Path, lab: Lab) -> list[str]:
 # %% ../nbs/10_grading.ipynb #76b45472
 def verdict_from_draws(draws: object, spec: dict) -> str:
     "Chapter 1's verdict on draws the student's sampler made: 'PASS', or 'FAIL: ...' with the chi-square."
+    from speclab.proof import LEVEL, chi_square_gof
     p = np.asarray(spec["p"], np.float64)
     ok = isinstance(draws, list) and len(draws) == spec["n"]
     ok = ok and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < len(p) for t in draws)
@@ -618,6 +618,7 @@ def write_results(report: GradeReport, path: str | Path) -> Path:
 def grade_folder(folder: str | Path, lab: Lab, out_csv: str | Path, limits: Limits = Limits(),
                  practice: bool | None = None, progress: bool = True) -> list[GradeReport]:
     "Grade every .ipynb in `folder` (sorted), one row per submission in `out_csv`; a progress bar on the way."
+    from tqdm.auto import tqdm
     folder, out_csv = Path(folder), Path(out_csv)
     submissions = sorted(folder.glob("*.ipynb"))
     if not submissions:
