@@ -147,13 +147,41 @@ def plain_greedy(prompt: tuple[int, ...], max_tokens: int, stop_token_ids: tuple
         for _ in range(max_tokens):
             seq.append(int(reference_logits(target, seq, sliding_window)[-1].argmax()))
         out = seq[len(prompt):]
-    cut = next((i + 1 for i, t in enumerate(out) if t in stop_token_ids), len(out))
-    return out[:cut]
+    return cut_at_stop(out, stop_token_ids)
+
+
+def cut_at_stop(tokens: list[int], stop_token_ids: tuple[int, ...]) -> list[int]:
+    "The tokens up to and including the first stop token (all of them if none is a stop token)."
+    cut = next((i + 1 for i, t in enumerate(tokens) if t in stop_token_ids), len(tokens))
+    return tokens[:cut]
 
 
 def expected_greedy(prompt: list[int], params: SamplingParams, sliding_window: int | None = None) -> list[int]:
     "What a greedy request must emit: plain greedy decoding up to max_tokens, cut after its first stop token."
     return plain_greedy(tuple(prompt), params.max_tokens, tuple(params.stop_token_ids), sliding_window)
+
+
+@torch.no_grad()
+def plain_greedy_rows(prompts: list[tuple[int, ...]], max_tokens: int) -> dict[tuple[int, ...], list[int]]:
+    """{prompt: its first max_tokens plain greedy tokens} for many prompts at once: Chapter 7's contiguous `KVCache`
+    and `forward`, one row per prompt (right-padded, `num_new` real tokens each), one token per forward, as
+    `generate` decodes one prompt. What `plain_greedy` gives, for a batch in max_tokens + 1 forwards."""
+    target, prompts = pair()[0], sorted(set(prompts))
+    if not prompts:
+        return {}
+    lens = torch.tensor([len(p) for p in prompts])
+    tokens = torch.zeros(len(prompts), int(lens.max()), dtype=torch.int64)
+    for b, p in enumerate(prompts):
+        tokens[b, :len(p)] = torch.tensor(p)
+    cache = KVCache(target.args, len(prompts), int(lens.max()) + max_tokens, dtype=target.head_weight.dtype)
+    logits = forward(target, tokens, cache, lens)[torch.arange(len(prompts)), lens - 1]
+    out = []
+    for t in range(max_tokens):
+        out.append(logits.argmax(-1))
+        if t + 1 < max_tokens:
+            logits = forward(target, out[-1][:, None], cache)[:, 0]
+    rows = torch.stack(out, 1).tolist() if out else [[] for _ in prompts]
+    return dict(zip(prompts, rows))
 
 
 def tv(a: np.ndarray, b: np.ndarray) -> float:
@@ -320,16 +348,29 @@ FUZZ_MAX_TOKENS = 16
 KV_ATOL = 1e-9                 # float64: the paged and the contiguous forward differ by rounding only
 
 
-@lru_cache(maxsize=None)
-def fresh_kv(which: int, key: tuple[int, ...], block_size: int) -> torch.Tensor:
-    """K/V rows [layers, 2 (K, V), block_size, kv_heads, head_dim] of the last block_size positions of `key`, computed
-    afresh by the contiguous `KVCache` + `forward` of model `which` (0: target, 1: draft)."""
-    model = pair()[which]
-    cache = KVCache(model.args, 1, len(key), dtype=model.head_weight.dtype)
-    forward(model, torch.tensor([list(key)]), cache)
-    pos = slice(len(key) - block_size, len(key))
-    return torch.stack([torch.stack([k[0, :, pos].transpose(0, 1), v[0, :, pos].transpose(0, 1)])
-                        for k, v in zip(cache.k, cache.v)])
+FRESH_KV: dict[tuple[int, tuple[int, ...], int], torch.Tensor] = {}    # (which, key, block_size) -> fresh_kv's rows
+
+
+def fresh_kv(which: int, keys: list[tuple[int, ...]], block_size: int) -> torch.Tensor:
+    """K/V rows [len(keys), layers, 2 (K, V), block_size, kv_heads, head_dim] of the last block_size positions of each
+    key, computed afresh by the contiguous `KVCache` + `forward` of model `which` (0: target, 1: draft). The keys not
+    computed before go through one batched forward (right-padded rows: causal attention never reads the padding), and
+    every result is kept in FRESH_KV: a key's K/V do not change."""
+    missing = sorted({key for key in keys if (which, key, block_size) not in FRESH_KV})
+    if missing:
+        model = pair()[which]
+        lens = torch.tensor([len(key) for key in missing])
+        tokens = torch.zeros(len(missing), int(lens.max()), dtype=torch.int64)
+        for b, key in enumerate(missing):
+            tokens[b, :len(key)] = torch.tensor(key)
+        cache = KVCache(model.args, len(missing), int(lens.max()), dtype=model.head_weight.dtype)
+        forward(model, tokens, cache, lens)
+        for b, key in enumerate(missing):
+            pos = slice(len(key) - block_size, len(key))
+            FRESH_KV[which, key, block_size] = torch.stack(
+                [torch.stack([k[b, :, pos].transpose(0, 1), v[b, :, pos].transpose(0, 1)])
+                 for k, v in zip(cache.k, cache.v)])
+    return torch.stack([FRESH_KV[which, key, block_size] for key in keys])
 
 
 def record_fed_sequences(eng: SpecDecoder) -> list[list[int]]:
@@ -350,10 +391,17 @@ def cached_kv_violations(eng: SpecDecoder, finalized: list[list[int]]) -> list[s
     bm = eng.block_manager
     if not bm.cached:
         return []
-    prefix = {}                                    # chained key -> the tokens up to its block's end
-    for seq in finalized + getattr(eng, "fed_sequences", []):   # drafts too: a wrong manager may cache them
-        for i, key in enumerate(hash_chain(seq, eng.block_size)):
-            prefix.setdefault(key, tuple(seq[:(i + 1) * eng.block_size]))
+    if not hasattr(eng, "key_prefix"):
+        eng.key_prefix, eng.chained, eng.fed_chained = {}, set(), 0
+    prefix = eng.key_prefix                        # chained key -> tokens up to its block's end, kept between steps
+    fed = getattr(eng, "fed_sequences", [])        # drafts too: a wrong manager may cache them
+    for seq in finalized + fed[eng.fed_chained:]:  # the sequences not chained at an earlier step
+        seq = tuple(seq)
+        if seq not in eng.chained:
+            eng.chained.add(seq)
+            for i, key in enumerate(hash_chain(seq, eng.block_size)):
+                prefix.setdefault(key, seq[:(i + 1) * eng.block_size])
+    eng.fed_chained = len(fed)
     unknown = [key for key in bm.cached if key not in prefix]
     if unknown:
         return [f"prefix cache: {len(unknown)} key(s) chain no finalized sequence's blocks"]
@@ -365,7 +413,7 @@ def cached_kv_violations(eng: SpecDecoder, finalized: list[list[int]]) -> list[s
     bad = []
     for name, which, pool in pools:
         got = torch.stack([torch.stack([kv.k[blocks], kv.v[blocks]], 1) for kv in pool], 1)
-        want = torch.stack([fresh_kv(which, key, eng.block_size) for key in keys])
+        want = fresh_kv(which, keys, eng.block_size)
         err = (got - want).abs().flatten(1).amax(1)
         for i in (err > KV_ATOL).nonzero()[:, 0].tolist():
             bad.append(f"prefix cache: block {int(blocks[i])} of the {name} pool does not hold the K/V of its key "
@@ -380,7 +428,8 @@ def step_violations(eng: SpecDecoder, states: dict[int, RequestState],
                     checks: tuple[str, ...] = FUZZ_CHECKS) -> list[str]:
     """What must hold between two steps. 'invariants': Chapter 6's invariants over every request's finalized tokens
     (finished and aborted ones included) and the computed lengths; 'kv': the cached blocks' K/V in both pools;
-    'greedy': greedy requests' tokens so far are a prefix of plain greedy decoding."""
+    'greedy': greedy requests' tokens so far are a prefix of plain greedy decoding (`fuzz_run` checks this one from
+    the tokens it records after each step, against references computed in one batch: `greedy_violations`)."""
     bad = []
     if "invariants" in checks:
         finalized = [r.prompt_ids + r.output_ids for r in states.values()]
@@ -394,6 +443,28 @@ def step_violations(eng: SpecDecoder, states: dict[int, RequestState],
             if r.params.greedy and r.output_ids != want[:len(r.output_ids)]:
                 bad.append(f"request {r.req_id}: greedy tokens {r.output_ids} are not plain greedy decoding")
     return bad
+
+
+def greedy_references(states: dict[int, RequestState], sliding_window: int | None) -> dict[int, list[int]]:
+    """What each greedy request among `states` must emit (`expected_greedy`); without a window, from one batched
+    plain greedy reference (`plain_greedy_rows`) for all of them."""
+    greedy = [r for r in states.values() if r.params.greedy]
+    if sliding_window is not None:
+        return {r.req_id: expected_greedy(r.prompt_ids, r.params, sliding_window) for r in greedy}
+    rows = plain_greedy_rows([tuple(r.prompt_ids) for r in greedy], FUZZ_MAX_TOKENS)
+    return {r.req_id: cut_at_stop(rows[tuple(r.prompt_ids)][:r.params.max_tokens], tuple(r.params.stop_token_ids))
+            for r in greedy}
+
+
+def greedy_violations(recorded: list[tuple[int, int, tuple[int, ...]]],
+                      want: dict[int, list[int]]) -> tuple[int | None, list[str]]:
+    """The 'greedy' check of `step_violations` on the tokens recorded after each step, (step, req_id, tokens so far):
+    the first step at which a greedy request's tokens were not a prefix of `want`, and its violations (None, [])."""
+    bad = [(step, f"request {req_id}: greedy tokens {list(tokens)} are not plain greedy decoding")
+           for step, req_id, tokens in recorded if list(tokens) != want[req_id][:len(tokens)]]
+    if not bad:
+        return None, []
+    return bad[0][0], [msg for step, msg in bad if step == bad[0][0]]
 
 
 def length_violations(eng: SpecDecoder) -> list[str]:
@@ -451,6 +522,7 @@ def fuzz_run(seed: int, policy: str = "speclab", checks: tuple[str, ...] = FUZZ_
     eng = fuzz_engine(rng, seed, policy, sliding_window)
     victims = watch_preemptions(eng)
     states, outputs, live = {}, {}, []
+    recorded, last = [], {}                 # (step, req_id, tokens) of a greedy request after a step that added any
     seen = dict(aborted_running=0, aborted_waiting=0, kappa0=0, freed_entries=0)
     for step in range(FUZZ_MAX_STEPS):
         if step >= FUZZ_ARRIVAL_STEPS and not eng.has_unfinished():
@@ -471,7 +543,12 @@ def fuzz_run(seed: int, policy: str = "speclab", checks: tuple[str, ...] = FUZZ_
             if out.finished is not None:
                 live.remove(out.req_id)
                 outputs[out.req_id] = out.finished
-        bad = step_violations(eng, states, checks)
+        bad = step_violations(eng, states, tuple(c for c in checks if c != "greedy"))
+        if "greedy" in checks:
+            for r in states.values():
+                if r.params.greedy and last.get(r.req_id) != len(r.output_ids):
+                    last[r.req_id] = len(r.output_ids)
+                    recorded.append((step, r.req_id, tuple(r.output_ids)))
         seen["freed_entries"] += sum(r.block_table.count(FREED) for r in eng.scheduler.running.values())
         if len(outs) > eng.max_num_seqs:
             bad.append(f"{len(outs)} requests ran in one step, max_num_seqs is {eng.max_num_seqs}")
@@ -479,7 +556,14 @@ def fuzz_run(seed: int, policy: str = "speclab", checks: tuple[str, ...] = FUZZ_
             bad.append(f"{len(outs)} requests computed {eng.stats['target_tokens'] - before} positions in one step, "
                        f"max_num_batched_tokens is {eng.max_num_batched_tokens}")
         if bad:
-            return [f"seed {seed}, step {step}: {b}" for b in bad], seen
+            first, greedy_bad = greedy_violations(recorded, greedy_references(states, sliding_window))
+            if first is not None and first < step:                  # greedy went wrong at an earlier step
+                return [f"seed {seed}, step {first}: {b}" for b in greedy_bad], seen
+            return [f"seed {seed}, step {step}: {b}" for b in bad + greedy_bad], seen
+    want = greedy_references(states, sliding_window)
+    first, greedy_bad = greedy_violations(recorded, want)
+    if greedy_bad:
+        return [f"seed {seed}, step {first}: {b}" for b in greedy_bad], seen
     bm = eng.block_manager
     assert not eng.has_unfinished() and not eng.requests and not bm.requests, f"seed {seed}: did not drain"
     assert all(r.status == FINISHED for r in states.values())
@@ -488,8 +572,7 @@ def fuzz_run(seed: int, policy: str = "speclab", checks: tuple[str, ...] = FUZZ_
         r = states[req_id]
         assert 1 <= len(out.token_ids) <= r.params.max_tokens
         if r.params.greedy:
-            want = expected_greedy(r.prompt_ids, r.params, sliding_window)
-            assert out.token_ids == want, f"seed {seed}, request {req_id}"
+            assert out.token_ids == want[req_id], f"seed {seed}, request {req_id}"
     seen.update(requests=len(states), finished=len(outputs), preemptions=eng.scheduler.num_preemptions,
                 preempted_mid_run=sum(emitted > 0 for _, emitted in victims),
                 cached_tokens=eng.scheduler.num_cached_tokens, steps=step)
