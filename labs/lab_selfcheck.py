@@ -4,13 +4,16 @@ Every lab's `selfcheck.py` runs this shared runner:
 
     python labs/08_acceptance/selfcheck.py labs/08_acceptance/student/acceptance.ipynb
     python labs/09_audit/selfcheck.py NOTEBOOK --tests DIR --only q2,q5 --json
+    python labs/08_acceptance/selfcheck.py A.ipynb B.ipynb --tests DIR    # several notebooks, one process
 
-This is a self-check, not the course autograder (that is `speclab.grading`, Chapter 10): it trusts the notebook.
-The notebook's code cells run one after another in one namespace, in a child process whose working directory is
-the notebook's folder. A cell that raises is reported and the run goes on (later cells may still work). IPython
-magics and shell escapes (`%...`, `!...`) are skipped, and `otter` is replaced by a stub, so the `grader.check(...)`
-cells otter adds are no-ops. Then every case of every test file (`tests/q*.py`, otter's OK format: doctests) runs
-against a shallow copy of that namespace, exactly as text: a case passes when its doctest has no failures.
+This is a self-check, not the course autograder (that is `speclab.grading`, Chapter 10): it trusts the notebook. The
+notebook's code cells run one after another in one namespace, in a child process whose working directory is the
+notebook's folder. `check_notebooks` runs several notebooks (variants of one lab, say) in one child, one after
+another, each in a fresh namespace and its own folder: the imports they share (torch, scipy) are paid once. A cell
+that raises is reported and the run goes on (later cells may still work). IPython magics and shell escapes (`%...`,
+`!...`) are skipped, and `otter` is replaced by a stub, so the `grader.check(...)` cells otter adds are no-ops. Then
+every case of every test file (`tests/q*.py`, otter's OK format: doctests) runs against a shallow copy of that
+namespace, exactly as text: a case passes when its doctest has no failures.
 """
 import argparse
 import doctest
@@ -71,11 +74,18 @@ def run_case(code: str, name: str, globs: dict):
     return runner.failures == 0 and runner.tries > 0, buf.getvalue()
 
 
-def _child(nb_path: Path, tests_dir: Path, only):
-    "Execute the notebook, then its tests; print one JSON report after MARK."
+def _child(nb_paths: list, tests_dir: Path, only):
+    "Execute each notebook, then its tests, in a fresh namespace; print the JSON list of reports after MARK."
     import matplotlib
     matplotlib.use("Agg")
     sys.modules["otter"] = _otter_stub()
+    reports = [_run_notebook(nb_path, tests_dir, only) for nb_path in nb_paths]
+    sys.__stdout__.write("\n" + MARK + json.dumps(reports) + "\n")
+    sys.__stdout__.flush()
+
+
+def _run_notebook(nb_path: Path, tests_dir: Path, only) -> dict:
+    "One notebook's cells in a fresh namespace (working directory: its folder), then every test case: its report."
     nb = json.loads(nb_path.read_text(encoding="utf-8"))
     os.chdir(nb_path.parent)
     sys.path.insert(0, str(nb_path.parent))
@@ -101,16 +111,24 @@ def _child(nb_path: Path, tests_dir: Path, only):
             results.append({"question": question, "case": k, "hidden": bool(case.get("hidden")), "points": pts,
                             "passed": bool(passed), "seconds": round(time.perf_counter() - t1, 3),
                             "output": transcript[-2000:]})
-    report = {"notebook": str(nb_path), "run_seconds": round(run_s, 2), "cell_errors": cell_errors, "results": results}
-    sys.__stdout__.write("\n" + MARK + json.dumps(report) + "\n")
-    sys.__stdout__.flush()
+    if str(nb_path.parent) in sys.path: sys.path.remove(str(nb_path.parent))
+    if "matplotlib.pyplot" in sys.modules: sys.modules["matplotlib.pyplot"].close("all")   # no figure to the next one
+    return {"notebook": str(nb_path), "run_seconds": round(run_s, 2), "cell_errors": cell_errors, "results": results}
 
 
 def check_notebook(notebook, tests_dir=None, only=None, timeout=1200, python=sys.executable):
     "Run `notebook` and its tests in a fresh `python` process; the child's report as a dict."
-    notebook = Path(notebook).resolve()
-    tests_dir = Path(tests_dir).resolve() if tests_dir else notebook.parent / "tests"
-    cmd = [str(python), str(Path(__file__).resolve()), "--child", str(notebook), "--tests", str(tests_dir)]
+    return check_notebooks([notebook], tests_dir, only, timeout, python)[0]
+
+
+def check_notebooks(notebooks, tests_dir=None, only=None, timeout=1200, python=sys.executable):
+    """Run each of `notebooks` and its tests in one fresh `python` process, one after another, each in a fresh
+    namespace; a report per notebook, in order (`timeout` is for them all)."""
+    notebooks = [Path(nb).resolve() for nb in notebooks]
+    if not notebooks:
+        raise ValueError("notebooks must name at least one notebook")
+    tests_dir = Path(tests_dir).resolve() if tests_dir else notebooks[0].parent / "tests"
+    cmd = [str(python), str(Path(__file__).resolve()), "--child", *map(str, notebooks), "--tests", str(tests_dir)]
     if only: cmd += ["--only", ",".join(only)]
     env = {**os.environ, "MPLBACKEND": "Agg", "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1")}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -136,7 +154,7 @@ def summary(report) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("notebook")
+    ap.add_argument("notebook", nargs="+", help="one notebook (or several, run one after another in one process)")
     ap.add_argument("--tests", help="folder of OK-format test files (default: tests/ next to the notebook)")
     ap.add_argument("--only", help="comma-separated question names, e.g. q3,q8")
     ap.add_argument("--json", action="store_true", help="print the full report as JSON")
@@ -144,12 +162,16 @@ def main(argv=None):
     a = ap.parse_args(argv)
     only = a.only.split(",") if a.only else None
     if a.child:
-        return _child(Path(a.notebook).resolve(), Path(a.tests).resolve(), only)
-    report = check_notebook(a.notebook, a.tests, only)
-    print(json.dumps(report, indent=1) if a.json else summary(report))
-    for res in report["results"]:
-        if not res["passed"] and not a.json and not res["hidden"]:
-            print(f"\n--- {res['question']} case {res['case']} failed:\n{res['output']}")
+        return _child([Path(nb).resolve() for nb in a.notebook], Path(a.tests).resolve(), only)
+    reports = check_notebooks(a.notebook, a.tests, only)
+    if a.json:
+        print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=1))
+        return
+    for report in reports:
+        print(("" if len(reports) == 1 else f"{report['notebook']}\n") + summary(report))
+        for res in report["results"]:
+            if not res["passed"] and not res["hidden"]:
+                print(f"\n--- {res['question']} case {res['case']} failed:\n{res['output']}")
 
 
 if __name__ == "__main__":

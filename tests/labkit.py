@@ -51,6 +51,12 @@ class Lab:
         kwargs = {} if only is None else {"only": only}
         return self.selfcheck.check_notebook(notebook, self.autograder / "tests", timeout=timeout, **kwargs)
 
+    def check_many(self, notebooks: list, timeout: int = 600, only: list | None = None) -> list:
+        """A self-check report per notebook, all run in one child process (each in a fresh namespace): variants of
+        the lab pay its imports once. `timeout` is for them all."""
+        kwargs = {} if only is None else {"only": only}
+        return self.selfcheck.check_notebooks(notebooks, self.autograder / "tests", timeout=timeout, **kwargs)
+
 
 LAB08 = Lab("08_acceptance", "acceptance.ipynb", 8, 40, 1200)
 LAB09 = Lab("09_audit", "audit.ipynb", 5, 25, 600)

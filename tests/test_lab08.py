@@ -1,5 +1,6 @@
 """Lab 08 (labs/08_acceptance): the student's Q8 answer (the accept/reject step) replaced by the classic planted bugs,
-each of which a hidden test must catch, and by correct samplers, which must pass. The checks every lab shares are in
+each of which a hidden test must catch, and by correct samplers, which must pass. All of them run in one self-check
+child (a fresh namespace each), so the lab's imports are paid once. The checks every lab shares are in
 tests/test_labs.py; the runner and paths in tests/labkit.py.
 """
 import json
@@ -37,26 +38,38 @@ CORRECT = {
 }
 
 
-def q8_report(answer, tmp_path):
-    "The student notebook with `answer` in place of Q8's answer cell, run with Q8's tests (public and hidden)."
+def q8_notebook(answer, folder):
+    "The student notebook with `answer` in place of Q8's answer cell, written into `folder`."
     nb = json.loads((LAB08.student / LAB08.notebook).read_text(encoding="utf-8"))
     (i,) = [k for k, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and "def accept_reject(" in src(c)]
     nb["cells"][i]["source"] = answer
-    path = tmp_path / "acceptance.ipynb"
+    folder.mkdir(parents=True)
+    path = folder / "acceptance.ipynb"
     path.write_text(json.dumps(nb))
+    return path
+
+
+@pytest.fixture(scope="module")
+def q8_results(tmp_path_factory):
+    """{answer name: Q8's results (public and hidden)} for every planted bug and correct sampler, each in place of the
+    student's Q8 answer: the notebooks run in one self-check child, one after another, each in a fresh namespace."""
+    answers = {**BUGS, **CORRECT}
+    base = tmp_path_factory.mktemp("q8")
+    paths = [q8_notebook(answer, base / f"answer{k}") for k, answer in enumerate(answers.values())]
     (q8,) = [n for n in LAB08.tests() if n.startswith("q8")]
-    return LAB08.check(path, only=[q8])["results"]
+    reports = LAB08.check_many(paths, timeout=900, only=[q8])
+    return {name: report["results"] for name, report in zip(answers, reports)}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bug", list(BUGS))
-def test_planted_bug_fails_q8_hidden_tests(bug, tmp_path):
-    results = q8_report(BUGS[bug], tmp_path)
+def test_planted_bug_fails_q8_hidden_tests(bug, q8_results):
+    results = q8_results[bug]
     assert results and [r for r in results if r["hidden"] and not r["passed"]], f"{bug!r} passes every hidden Q8 test"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CORRECT))
-def test_correct_sampler_passes_q8(name, tmp_path):
-    results = q8_report(CORRECT[name], tmp_path)
+def test_correct_sampler_passes_q8(name, q8_results):
+    results = q8_results[name]
     assert results and all(r["passed"] for r in results), [(r["case"], r["output"]) for r in results if not r["passed"]]

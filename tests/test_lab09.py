@@ -1,5 +1,6 @@
 """Lab 09 (labs/09_audit): the master's answers replaced one at a time by plausible mistakes, each of which a hidden
-test must catch. The checks every lab shares are in tests/test_labs.py; the runner and paths in tests/labkit.py.
+test must catch. All of them run in one self-check child (a fresh namespace each), so the lab's imports are paid once.
+The checks every lab shares are in tests/test_labs.py; the runner and paths in tests/labkit.py.
 """
 import json
 
@@ -59,20 +60,30 @@ BUGS = {
 }
 
 
-def answer_report(marker, answer, tmp_path):
-    "The master's solutions with the cell defining `marker` replaced by `answer`, run with every test."
+def answer_notebook(marker, answer, folder):
+    "The master's solutions with the cell defining `marker` replaced by `answer`, written into `folder`."
     nb = json.loads((LAB09.autograder / LAB09.notebook).read_text(encoding="utf-8"))
     (i,) = [k for k, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and marker in src(c)]
     lines = src(nb["cells"][i]).splitlines(keepends=True)
     keep = "".join(ln for ln in lines if ln.startswith(("pair_1_tests", "verdicts", "bound_", "n_for", "example")))
     nb["cells"][i]["source"] = answer + "\n\n" + keep
-    path = tmp_path / "audit.ipynb"
+    folder.mkdir(parents=True)
+    path = folder / "audit.ipynb"
     path.write_text(json.dumps(nb))
-    return LAB09.check(path)["results"]
+    return path
+
+
+@pytest.fixture(scope="module")
+def mistake_results(tmp_path_factory):
+    """{mistake: every test's results} for each planted mistake in place of the master's answer: the notebooks run in
+    one self-check child, one after another, each in a fresh namespace."""
+    base = tmp_path_factory.mktemp("mistakes")
+    paths = [answer_notebook(*BUGS[bug], base / f"mistake{k}") for k, bug in enumerate(BUGS)]
+    return {bug: report["results"] for bug, report in zip(BUGS, LAB09.check_many(paths, timeout=900))}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bug", list(BUGS))
-def test_planted_mistake_fails_a_hidden_test(bug, tmp_path):
-    results = answer_report(*BUGS[bug], tmp_path)
+def test_planted_mistake_fails_a_hidden_test(bug, mistake_results):
+    results = mistake_results[bug]
     assert results and [r for r in results if r["hidden"] and not r["passed"]], f"{bug!r} passes every hidden test"

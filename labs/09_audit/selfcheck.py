@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from lab_selfcheck import check_notebook, load_tests, main, run_case, summary  # noqa: E402,F401
+from lab_selfcheck import check_notebook, check_notebooks, load_tests, main, run_case, summary  # noqa: E402,F401
 
 if __name__ == "__main__":
     main()
