@@ -330,7 +330,7 @@ def _is_index(x):
     return isinstance(x, int) and not isinstance(x, bool)
 
 def _check_paged_batch(blocks, starts, block_tables, block_size, sliding_window):
-    "Types and lengths of paged_batch's arguments: O(1), before anything is built."
+    "Types and lengths of paged_batch's arguments, O(1) per request: no walk over tokens or block ids."
     if not _is_index(block_size) or block_size < 1:
         raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
     if sliding_window is not None and (not _is_index(sliding_window) or sliding_window < 1):
@@ -343,6 +343,15 @@ def _check_paged_batch(blocks, starts, block_tables, block_size, sliding_window)
     if len(starts) != len(blocks) or len(block_tables) != len(blocks):
         raise ValueError(f"blocks, starts and block_tables must have one entry per request, got lengths "
                          f"{len(blocks)}, {len(starts)} and {len(block_tables)}")
+    for b, (block, start, table) in enumerate(zip(blocks, starts, block_tables)):
+        if not len(block):
+            raise ValueError(f"blocks[{b}] is empty: every request in a step feeds at least one token")
+        if not _is_index(start) or start < 0:
+            raise ValueError(f"starts[{b}] must be an int >= 0, got {start!r}")
+        end = start + len(block)
+        if len(table) * block_size < end:
+            raise ValueError(f"block_tables[{b}] holds {len(table)} block(s) ({len(table) * block_size} positions) "
+                             f"but request {b} feeds up to position {end - 1}")
 
 def _ids(lists, low):
     "lists as one int64 tensor when every entry is an int >= low, else None (the caller then names the culprit)."
@@ -358,63 +367,31 @@ def _first_bad(lists, ok):
     "Index of the first list with an entry that fails ok: the slow path, walked only after a bulk check failed."
     return next((b for b, xs in enumerate(lists) if not all(ok(x) for x in xs)), 0)
 
-def _first(flags: torch.Tensor) -> int:
-    "The first request a [B] bool tensor flags."
-    return int(flags.nonzero()[0, 0])
+def _touched_blocks(starts, ends, first_keys, block_tables, block_size, sliding_window):
+    "The largest block id the step reads or writes; an error if one of them was freed (a slice scan per request)."
+    max_block = 0
+    for b, (start, end, first, table) in enumerate(zip(starts, ends, first_keys, block_tables)):
+        touched = table[first // block_size:(end - 1) // block_size + 1]
+        if FREED in touched:
+            p = max(first, (first // block_size + list(touched).index(FREED)) * block_size)
+            if p >= start:
+                raise ValueError(f"request {b} writes position {p} into logical block {p // block_size}, "
+                                 "which was freed")
+            raise ValueError(f"request {b} attends to position {p}, but logical block {p // block_size} of its block "
+                             f"table was freed (sliding_window={sliding_window})")
+        max_block = max(max_block, max(touched))
+    return max_block
 
-def _per_request(blocks, starts, block_tables, block_size):
-    "[B] int64 tensors: each request's start, query length and table length; a ValueError naming the first bad one."
-    per = _ids([list(starts), [len(b) for b in blocks], [len(t) for t in block_tables]], 0)
-    if per is None or any(isinstance(s, bool) for s in starts):
-        b = _first_bad([[s] for s in starts], lambda s: _is_index(s) and s >= 0)
-        raise ValueError(f"starts[{b}] must be an int >= 0, got {starts[b]!r}")
-    start, n, width = per
-    if (n == 0).any():
-        raise ValueError(f"blocks[{_first(n == 0)}] is empty: every request in a step feeds at least one token")
-    end = start + n
-    short = width * block_size < end
-    if short.any():
-        b = _first(short)
-        raise ValueError(f"block_tables[{b}] holds {len(block_tables[b])} block(s) ({int(width[b]) * block_size} "
-                         f"positions) but request {b} feeds up to position {int(end[b]) - 1}")
-    return start, n, width
-
-def _table(block_tables, width):
-    "The block tables as one [B, max width] tensor, padded with FREED (one tensor from one flat list)."
-    flat = _ids(list(itertools.chain.from_iterable(block_tables)), FREED)
-    if flat is None:
-        b = _first_bad(block_tables, lambda i: _is_index(i) and (i >= 0 or i == FREED))
-        raise ValueError(f"block_tables[{b}] must hold block ids (ints >= 0, or FREED), "
-                         f"got {list(block_tables[b])[:8]}")
-    table = torch.full((len(width), int(width.max())), FREED)
-    rows = torch.repeat_interleave(torch.arange(len(width)), width)
-    table[rows, torch.arange(len(flat)) - torch.repeat_interleave(width.cumsum(0) - width, width)] = flat
-    return table
-
-def _touched_blocks(table, start, end, first_key, block_size, sliding_window):
-    "The largest block id the step reads or writes; an error naming the first request that needs a freed one."
-    col = torch.arange(table.shape[1])
-    touched = (col >= (first_key // block_size)[:, None]) & (col <= ((end - 1) // block_size)[:, None])
-    freed = (touched & (table == FREED)).any(1)
-    if not freed.any():
-        return int(table[touched].max())
-    b = _first(freed)
-    first, lo = int(first_key[b]), int(first_key[b]) // block_size
-    p = max(first, (lo + table[b, lo:].tolist().index(FREED)) * block_size)
-    if p >= start[b]:
-        raise ValueError(f"request {b} writes position {p} into logical block {p // block_size}, which was freed")
-    raise ValueError(f"request {b} attends to position {p}, but logical block {p // block_size} of its block "
-                     f"table was freed (sliding_window={sliding_window})")
-
-def _group(n, query_lens, first_rows, widths, key_slots, mask, device):
+def _group(n, query_lens, first_rows, ends, first_keys, key_slots, mask, device):
     "The requests that feed n tokens: their flat rows, the slots of their keys, and their mask (None: not needed)."
-    members = (query_lens == n).nonzero()[:, 0]
-    rows = (first_rows[members, None] + torch.arange(n)).reshape(-1).to(device)
-    w = widths[members]
+    members = [b for b, m in enumerate(query_lens) if m == n]
+    rows = torch.tensor([first_rows[b] + i for b in members for i in range(n)], device=device)
+    widths = [ends[b] - first_keys[b] for b in members]
+    index = torch.tensor(members)
     group_mask = None
-    if n > 1 or w.min() < w.max():
-        group_mask = mask[members, :, :n, :int(w.max())].to(device)
-    return rows, key_slots[members, :int(w.max())].to(device), group_mask
+    if n > 1 or min(widths) < max(widths):
+        group_mask = mask[index, :, :n, :max(widths)].to(device)
+    return rows, key_slots[index, :max(widths)].to(device), group_mask
 
 def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[list[int]], block_size: int,
                 device: str | torch.device = "cpu", sliding_window: int | None = None,
@@ -422,56 +399,63 @@ def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[l
     """Index tensors of one paged forward: request b feeds blocks[b] at positions starts[b], starts[b] + 1, ...
 
     `slot_mapping`: each fed token's slot, request after request, when the caller has them (the block manager's
-    `allocate_slots` computes them); else computed here from the block tables. Every list becomes one tensor at
-    once and the arithmetic runs on tensors: no Python loop walks the requests or their tokens."""
+    `allocate_slots` computes them); else computed here from the block tables."""
     _check_paged_batch(blocks, starts, block_tables, block_size, sliding_window)
-    start, n, width = _per_request(blocks, starts, block_tables, block_size)
-    table = _table(block_tables, width)                                # [B, widest table]
-    N, T, end = int(n.sum()), int(n.max()), start + n                  # end: each request's last position + 1
-    first_key = torch.zeros_like(start) if sliding_window is None else (start - sliding_window + 1).clamp(min=0)
-    max_block = _touched_blocks(table, start, end, first_key, block_size, sliding_window)
-    # per token: its id, its position and its slot
-    token_ids = _ids(list(itertools.chain.from_iterable(blocks)), 0)
-    if token_ids is None:
+    width = max(len(t) for t in block_tables)
+    table = _ids([list(t) + [FREED] * (width - len(t)) for t in block_tables], FREED)     # [B, width]
+    if table is None:
+        b = _first_bad(block_tables, lambda i: _is_index(i) and (i >= 0 or i == FREED))
+        raise ValueError(f"block_tables[{b}] must hold block ids (ints >= 0, or FREED), "
+                         f"got {list(block_tables[b])[:8]}")
+    query_lens = [len(block) for block in blocks]
+    N, T = sum(query_lens), max(query_lens)
+    ends = [s + n for s, n in zip(starts, query_lens)]                 # each request's last position + 1
+    first_keys = [0 if sliding_window is None else max(0, s - sliding_window + 1) for s in starts]
+    max_block = _touched_blocks(starts, ends, first_keys, block_tables, block_size, sliding_window)
+    # per token, on the host: its id, its position and its slot, then one tensor for the three
+    flat = list(itertools.chain.from_iterable(blocks))
+    positions = list(itertools.chain.from_iterable(range(s, e) for s, e in zip(starts, ends)))
+    slots = slot_mapping
+    if slots is None:
+        slots = [t[p // block_size] * block_size + p % block_size
+                 for t, s, e in zip(block_tables, starts, ends) for p in range(s, e)]
+    if len(slots) != N:
+        raise ValueError(f"slot_mapping must hold one slot per fed token ({N}), got {len(slots)}")
+    rows = _ids([flat, positions, slots], 0)
+    if rows is None:
         b = _first_bad(blocks, lambda t: _is_index(t) and t >= 0)
         raise ValueError(f"blocks[{b}] must hold token ids (ints >= 0), got {list(blocks[b])[:8]}")
-    first_rows = n.cumsum(0) - n
-    request = torch.repeat_interleave(torch.arange(len(n)), n, output_size=N)   # the request of each flat row
-    positions = (start - first_rows)[request] + torch.arange(N)
-    if slot_mapping is None:
-        slots = table[request, positions // block_size] * block_size + positions % block_size
-    elif len(slot_mapping) != N:
-        raise ValueError(f"slot_mapping must hold one slot per fed token ({N}), got {len(slot_mapping)}")
-    else:
-        slots = _ids(list(slot_mapping), 0)
-        if slots is None:
-            raise ValueError(f"slot_mapping must hold slots (ints >= 0), got {list(slot_mapping)[:8]}")
-    if N > 1 and len(torch.unique(slots)) != N:
+    if N > 1 and len(set(slots)) != N:
         raise ValueError("two tokens of the step would write the same slot: block tables must not share the "
                          "blocks they write")
     # per request: the slots of the keys it may read, positions first_key .. first_key + L - 1 (padding: its last)
-    widths = end - first_key
-    L = int(widths.max())                                              # the keys of the widest request
-    key_pos = first_key[:, None] + torch.arange(L)                     # [B, L]
-    real_pos = torch.minimum(key_pos, end[:, None] - 1)
+    L = max(e - f for e, f in zip(ends, first_keys))                   # the keys of the widest request
+    first_rows = list(itertools.accumulate(query_lens, initial=0))[:-1]
+    last_rows = [f + n - 1 for f, n in zip(first_rows, query_lens)]
+    per_request = torch.tensor([first_keys, ends, starts, query_lens, last_rows])
+    key_pos = per_request[0, :, None] + torch.arange(L)                # [B, L]
+    real_pos = torch.minimum(key_pos, per_request[1, :, None] - 1)
     key_slots = table.gather(1, real_pos // block_size) * block_size + real_pos % block_size
     mask = None
-    if T > 1 or (widths != L).any():                                   # else each query sees every key of its row
-        offset = torch.minimum(torch.arange(T), n[:, None] - 1)        # [B, T]: padding repeats the last
-        query_pos = start[:, None] + offset
-        mask = (key_pos < end[:, None])[:, None] & (key_pos[:, None] <= query_pos[:, :, None])
+    if T > 1 or any(e - f != L for e, f in zip(ends, first_keys)):    # else each query sees every key of its row
+        offset = torch.minimum(torch.arange(T), per_request[3, :, None] - 1)    # [B, T]: padding repeats the last
+        query_pos = per_request[2, :, None] + offset
+        mask = (key_pos < per_request[1, :, None])[:, None] & (key_pos[:, None] <= query_pos[:, :, None])
         if sliding_window is not None:
             mask &= key_pos[:, None] > query_pos[:, :, None] - sliding_window
         mask = mask[:, None]
-    if (n != T).any():                                                 # ragged: one attention per query length
-        groups = [_group(q, n, first_rows, widths, key_slots, mask, device) for q in torch.unique(n).tolist()]
+    if any(n != T for n in query_lens):                                # ragged: one attention per query length
+        groups = [_group(n, query_lens, first_rows, ends, first_keys, key_slots, mask, device)
+                  for n in sorted(set(query_lens))]
     else:                                                              # one group: the whole batch, in order
         groups = [(None, key_slots.to(device), None if mask is None else mask.to(device))]
+    rows = rows.to(device)
+    per_request = per_request.to(device)
     return PagedBatch(
-        token_ids=token_ids.to(device), positions=positions.to(device), slot_mapping=slots.to(device),
-        query_lens=n.tolist(), last_token_indices=(first_rows + n - 1).to(device), key_slots=key_slots.to(device),
+        token_ids=rows[0], positions=rows[1], slot_mapping=rows[2], query_lens=query_lens,
+        last_token_indices=per_request[4], key_slots=key_slots.to(device),
         attn_mask=None if mask is None else mask.to(device), groups=groups, block_size=block_size,
-        max_block=max_block, max_position=int(end.max()) - 1, max_token_id=int(token_ids.max()))
+        max_block=max_block, max_position=max(ends) - 1, max_token_id=max(flat))
 
 # %% ../nbs/07_model.ipynb #7a9e0c08
 def paged_cache(args: LlamaArgs, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32,
