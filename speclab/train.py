@@ -5,9 +5,9 @@
 # %% auto #0
 __all__ = ['CORPUS_SKIP', 'HELDOUT_EVERY', 'EOS', 'HELDOUT_IDS', 'corpus_files', 'is_heldout', 'read_corpus', 'train_tokenizer',
            'save_tokenizer', 'encode_texts', 'causal_attend', 'causal_logits', 'pair_args', 'init_model', 'get_batch',
-           'lr_at', 'distill_loss', 'eval_loss', 'train', 'hf_config', 'save_hf', 'rounded', 'greedy_acceptance',
-           'decode_step_seconds', 'tiny_pair_path', 'cut_prompts', 'heldout_prompts', 'shipped_heldout_ids',
-           'eval_prompts', 'main']
+           'lr_at', 'distill_loss', 'eval_loss', 'train', 'hf_config', 'save_hf', 'rounded', 'greedy_hits',
+           'greedy_acceptance', 'decode_step_seconds', 'tiny_pair_path', 'cut_prompts', 'heldout_prompts',
+           'shipped_heldout_ids', 'eval_prompts', 'main']
 
 # %% ../nbs/07b_train.ipynb #fcb27582
 import argparse
@@ -238,20 +238,33 @@ def rounded(model: Llama, dtype: torch.dtype = torch.bfloat16) -> Llama:
 
 # %% ../nbs/07b_train.ipynb #b0103b08
 @torch.no_grad()
+def greedy_hits(target: Llama, draft: Llama, prompts: Sequence[Sequence[int]], new_tokens: int = 32) -> list[int]:
+    "Per prompt, how many of the target's `new_tokens` greedy tokens the draft's argmax matches (a batch per length)."
+    if len(prompts) == 0:
+        raise ValueError("prompts must hold at least one prompt")
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
+        raise ValueError(f"new_tokens must be an int >= 1, got {new_tokens!r}")
+    by_length = {}
+    for i, ids in enumerate(prompts):
+        by_length.setdefault(len(ids), []).append(i)
+    hits = [0] * len(prompts)
+    for n, rows in by_length.items():
+        x = torch.tensor([list(prompts[i]) for i in rows])                        # [B, n]
+        c = KVCache(target.args, len(rows), n + new_tokens)
+        logits, path = forward(target, x, c)[:, -1], []
+        for step in range(new_tokens):
+            path.append(logits.argmax(-1))
+            if step + 1 < new_tokens:
+                logits = forward(target, path[-1][:, None], c)[:, -1]
+        path = torch.stack(path, 1)                                               # [B, new_tokens]
+        guess = causal_logits(draft, torch.cat([x, path], 1)[:, :-1])[:, n - 1:].argmax(-1)
+        for i, h in zip(rows, (guess == path).sum(1).tolist()):
+            hits[i] = h
+    return hits
+
 def greedy_acceptance(target: Llama, draft: Llama, prompts: Sequence[Sequence[int]], new_tokens: int = 32) -> float:
     "Fraction of the target's greedy tokens that the draft's argmax matches, along the target's own greedy path."
-    hits = total = 0
-    for ids in prompts:
-        c = KVCache(target.args, 1, len(ids) + new_tokens)
-        logits, path = forward(target, torch.tensor([ids]), c)[:, -1], []
-        for _ in range(new_tokens):
-            path.append(int(logits.argmax()))
-            logits = forward(target, torch.tensor([[path[-1]]]), c)[:, -1]
-        seq = torch.tensor([ids + path])
-        guess = causal_logits(draft, seq[:, :-1])[0, len(ids) - 1:].argmax(-1)
-        hits += int((guess == torch.tensor(path)).sum())
-        total += len(path)
-    return hits / total
+    return sum(greedy_hits(target, draft, prompts, new_tokens)) / (len(prompts) * new_tokens)
 
 @torch.no_grad()
 def decode_step_seconds(model: Llama, context: int = 256, steps: int = 50, block: int = 1) -> float:
