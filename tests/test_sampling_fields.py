@@ -21,12 +21,14 @@ of that window (and, after a rejection, of the next ones).
   committed tokens), and min_tokens decided at the window's start (every position gets the window's last count).
 
 Power and cost. Pearson's chi-square at level LEVEL = 1e-3 over the first three tokens (512 outcomes, rare ones
-pooled). Each test draws the fewest requests per setting at which it flags a TV bias of its target with probability
-POWER = 0.999 on every setting, pooled mass included (Chapter 1's `draws_for_law` and `law_detectable_tv`):
-TV_FIELDS = 0.12 in one batch (9,000 requests per setting and drafter) and TV_FIELDS_EVENTS = 0.2 through prefix
-hits and preemption (4,694; thousands of preemptions per run). The targets are sized to the planted bugs: measured
-with the model drafter, they move the law by TV 0.13 to 0.61 (missing drafts on the repetition penalty is the
-smallest), so each is caught with probability 0.999 at the one-batch size, and each must give p < LEVEL there. (The
+pooled). Each test draws, for each setting, the fewest requests at which its test flags a TV bias of the target with
+probability POWER = 0.999, pooled mass included (Chapter 1's `draws_for_law` and `law_detectable_tv`):
+TV_FIELDS = 0.12 in one batch (from 2,460 requests for min_p to 9,000 for the repetition penalty, 47,103 per drafter;
+until issue 25 every setting drew the largest size, 72,000 in all) and TV_FIELDS_EVENTS = 0.2 through prefix hits and
+preemption (1,252 to 4,694, 22,878 in all; thousands of preemptions per run). The targets are sized to the planted
+bugs: measured with the model drafter, they move the law by TV 0.13 to 0.61 (missing drafts on the repetition penalty
+is the smallest), so each is caught with probability 0.999 at the one-batch sizes of the settings it breaks, and each
+must give p < LEVEL there. (The
 first version of this file drew 6,000 and 2,000 requests and stated 0.085 and 0.13, ignoring the pooled mass; with it
 counted, those sizes promised only 0.17 and 0.38.) This is weaker than the engine's law grid (TV
 0.02, tests/test_engine.py), which tests the same sampler and verify path at full power without fields; what these
@@ -85,10 +87,13 @@ def pair():
     return tiny_random_pair(V)
 
 
+@lru_cache(maxsize=None)
 def sampled(name: str) -> SamplingParams:
+    "The setting's sampled params, one object for all its requests (the engine never changes a request's params)."
     return SamplingParams(**{"max_tokens": MAX_TOKENS, **FIELDS[name]})
 
 
+@lru_cache(maxsize=None)
 def greedy(name: str) -> SamplingParams:
     "The setting's fields at temperature 0; 'filler': long greedy requests with penalties that never stop early."
     if name == "filler":
@@ -110,9 +115,9 @@ def canonical(tokens: np.ndarray, stop_ids: tuple) -> np.ndarray:
 
 
 @lru_cache(maxsize=None)
-def draws(tv: float) -> int:
-    "Requests per setting: the fewest at which every setting's test flags a TV bias of `tv` with probability POWER."
-    return max(draws_for_law(law(name), tv) for name in NAMES)
+def draws(tv: float, names: tuple = tuple(NAMES)) -> tuple[int, ...]:
+    "Requests per setting: for each, the fewest at which its test flags a TV bias of `tv` with probability POWER."
+    return tuple(draws_for_law(law(name), tv) for name in names)
 
 
 @lru_cache(maxsize=None)
@@ -216,25 +221,26 @@ CONFIGS = {"one-batch": dict(block_size=16),
 
 
 @lru_cache(maxsize=None)
-def law_counts(drafter: str, n: int, config: str = "one-batch", bug: str | None = None,
+def law_counts(drafter: str, sizes: tuple[int, ...], config: str = "one-batch", bug: str | None = None,
                names: tuple = tuple(NAMES)) -> tuple[np.ndarray, object]:
-    """Counts [setting, outcome] of the canonical first three tokens of n sampled requests per setting (settings
-    interleaved in one generate call; greedy requests of every setting among them, checked against plain greedy), and
-    the engine. The preemption config adds long greedy fillers that grow past their reservations."""
+    """Counts [setting, outcome] of the canonical first three tokens of sizes[k] sampled requests of setting names[k]
+    (the settings shuffled together by a fixed permutation, in one generate call; greedy requests of every setting
+    among them, checked against plain greedy), and the engine. The preemption config adds long greedy fillers that
+    grow past their reservations."""
     items, setting = [], []
-    for i in range(n * len(names)):
+    order = np.random.default_rng(0).permutation(np.repeat(np.arange(len(names)), sizes))
+    for i, k in enumerate(order):
         if i % 97 == 0:                                       # greedy, every setting in turn
             items.append(greedy(names[(i // 97) % len(names)]))
             setting.append(-1 - NAMES.index(names[(i // 97) % len(names)]))
         if config == "preemption" and i % 2 == 0:
             items.append(greedy("filler"))
             setting.append(-1 - len(NAMES))
-        items.append(sampled(names[i % len(names)]))
-        setting.append(NAMES.index(names[i % len(names)]))
-    sizes = CONFIGS[config]
+        items.append(sampled(names[k]))
+        setting.append(NAMES.index(names[k]))
     kw = dict(max_num_seqs=len(items), max_num_batched_tokens=2 ** 20) if config == "one-batch" else {}
-    seed = zlib.crc32(repr((drafter, n, config, bug)).encode())
-    eng = SpecDecoder(pair()[0], make_drafter(drafter), kappa=KAPPA, seed=seed, **sizes, **kw)
+    seed = zlib.crc32(repr((drafter, sizes, config, bug)).encode())
+    eng = SpecDecoder(pair()[0], make_drafter(drafter), kappa=KAPPA, seed=seed, **CONFIGS[config], **kw)
     with planted(bug):
         outs = eng.generate([PROMPT] * len(items), items)
     setting = np.array(setting)
@@ -244,10 +250,10 @@ def law_counts(drafter: str, n: int, config: str = "one-batch", bug: str | None 
         if s < 0 and bug is None:
             assert o.token_ids == plain_greedy(name), (name, o.token_ids, plain_greedy(name))
     counts = np.zeros((len(NAMES), V ** 3), np.int64)
+    first3 = np.array([o.token_ids[:3] + [STOP] * (3 - len(o.token_ids[:3])) for o in outs])
     for k, name in enumerate(NAMES):
-        rows = [o.token_ids[:3] + [STOP] * (3 - len(o.token_ids[:3])) for o, s in zip(outs, setting) if s == k]
-        if rows:
-            np.add.at(counts[k], canonical(np.array(rows), sampled(name).stop_token_ids), 1)
+        if (setting == k).any():
+            np.add.at(counts[k], canonical(first3[setting == k], sampled(name).stop_token_ids), 1)
     return counts, eng
 
 
@@ -284,7 +290,7 @@ def test_fields_through_prefix_hits_and_preemption(drafter):
 def test_planted_bugs_are_rejected(bug):
     "Each wrong per-position history is rejected by the same counts test on the settings it breaks."
     names = BUGS[bug]
-    counts, _ = law_counts("model", draws(TV_FIELDS), bug=bug, names=names)
+    counts, _ = law_counts("model", draws(TV_FIELDS, names), bug=bug, names=names)
     for name in names:
         pval, _ = check(counts[NAMES.index(name)], name)
         assert pval < LEVEL, f"planted {bug} passed on {name}: p = {pval:.3g}"
