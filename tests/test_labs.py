@@ -2,8 +2,8 @@
 
 The same checks for each lab: the layout otter assign writes, tests that display values, per-case points, outputs in
 the master's test cells only, no solution and no hidden test in the student's files, the master passing every test,
-the untouched student notebook passing none, and regeneration byte for byte. Each lab's own planted mistakes live in
-tests/test_lab08.py and tests/test_lab09.py.
+the untouched student notebook passing none (both run in one self-check child per lab), and regeneration byte for
+byte. Each lab's own planted mistakes live in tests/test_lab08.py and tests/test_lab09.py.
 """
 import json
 import subprocess
@@ -90,11 +90,25 @@ def test_no_hidden_test_reaches_the_student(lab):
 
 
 # ---------------------------------------------------------------------------------------------- runs (slow)
+@pytest.fixture(scope="module")
+def runs():
+    """runs(lab): the self-check reports of its autograder (master) notebook and of its untouched student notebook,
+    both run with every test in one child (a fresh namespace each, the master first), once per lab."""
+    done = {}
+
+    def get(lab):
+        if lab.folder not in done:
+            notebooks = [lab.autograder / lab.notebook, lab.student / lab.notebook]
+            done[lab.folder] = lab.check_many(notebooks, timeout=lab.master_timeout + 900)
+        return done[lab.folder]
+    return get
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("lab", LABS)
-def test_master_passes_every_test(lab):
+def test_master_passes_every_test(lab, runs):
     "The autograder notebook (the master's solutions) run with every test, public and hidden."
-    report = lab.check(lab.autograder / lab.notebook, timeout=lab.master_timeout)
+    report = runs(lab)[0]
     failed = [(r["question"], r["case"], r["output"]) for r in report["results"] if not r["passed"]]
     assert not report["cell_errors"], report["cell_errors"]
     assert not failed, failed
@@ -105,8 +119,8 @@ def test_master_passes_every_test(lab):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("lab", LABS)
-def test_untouched_student_notebook_passes_nothing(lab):
-    report = lab.check(lab.student / lab.notebook, timeout=900)
+def test_untouched_student_notebook_passes_nothing(lab, runs):
+    report = runs(lab)[1]
     assert report["results"], "no tests ran"
     passed = [(r["question"], r["case"]) for r in report["results"] if r["passed"]]
     assert not passed, f"the blank notebook passes {passed}"
