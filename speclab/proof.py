@@ -22,7 +22,6 @@ from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
-from scipy import optimize, stats
 
 # %% ../nbs/01_proof.ipynb #6ca986fe
 SUM_TOL = 1e-6  # how far a probability vector's sum may stray from 1
@@ -324,6 +323,7 @@ def detectable_tv(n: int, num_bins: int, level: float = LEVEL, power: float = PO
     "Smallest TV bias a chi-square test over `num_bins` outcomes flags with probability >= `power` at `n` draws."
     if num_bins < 2:
         return 1 - (1 - power) ** (1 / n)  # one outcome: any bias shows as an impossible draw
+    from scipy import optimize, stats  # scipy loads on first use, not with the engine
     df = num_bins - 1
     crit = stats.chi2.isf(level, df)
     lam = optimize.brentq(lambda l: stats.ncx2.sf(crit, df, l) - power, 1e-9, 1e7)
@@ -333,6 +333,7 @@ def detectable_tv(n: int, num_bins: int, level: float = LEVEL, power: float = PO
 def chi_square_gof(observed: npt.ArrayLike, expected_probs: npt.ArrayLike,
                    min_expected: float = MIN_EXPECTED) -> tuple[float, float, int]:
     "Pearson chi-square goodness of fit of counts to probabilities: (statistic, p_value, df)."
+    from scipy import stats  # scipy loads on first use, not with the engine
     observed, expected_probs = np.asarray(observed, np.float64), np.asarray(expected_probs, np.float64)
     if np.any(observed[expected_probs == 0] > 0):
         return float("inf"), 0.0, 0  # an impossible outcome happened

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy import optimize
 
 from .proof import as_count, expected_tokens
 
@@ -267,6 +266,7 @@ def break_even_alpha(kappa: int, c: float) -> float:
     kappa = as_count(kappa, "kappa")
     if c >= 1:
         return float("nan")
+    from scipy import optimize  # scipy loads on first use, not with the engine
     return optimize.brentq(lambda a: float(expected_tokens(a, kappa)) - (1 + kappa * c), 0.0, 1.0, xtol=1e-12)
 
 def optimal_kappa(alpha: float, c: float, max_kappa: int = 32) -> int:
@@ -301,6 +301,7 @@ def crossing_batch(alpha: float, kappa: int, c: float, t_star: float) -> float:
         return math.inf
     if beyond >= -SPEEDUP_TIE:
         return float(t_star)  # a tie: S reaches 1 at T* and stays there, so speculation stops paying at T*
+    from scipy import optimize  # scipy loads on first use, not with the engine
     return optimize.brentq(S, 1.0, t_star, xtol=1e-9)
 
 # %% ../nbs/02_roofline.ipynb #9cd79a0f
@@ -330,6 +331,7 @@ def context_crossing_batch(target: ModelSpec, draft: ModelSpec, gpu: str | GPUSp
         return 0.0
     if S(max_batch) > 0:
         return math.inf
+    from scipy import optimize  # scipy loads on first use, not with the engine
     return optimize.brentq(S, 1.0, max_batch, xtol=1e-6)
 
 # %% ../nbs/02_roofline.ipynb #6e68ae89
