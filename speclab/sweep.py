@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['step_seconds', 'RooflineFit', 'fit_ridge', 'measure_roofline', 'measured_crossing', 'SyntheticSampler',
-           'sweep_prompts', 'sweep_work', 'measure_point', 'sweep', 'tiny_pair_drafters', 'torch_threads',
-           'sweep_tiny_pair']
+           'sweep_prompts', 'sweep_work', 'measure_points', 'measure_point', 'sweep', 'tiny_pair_drafters',
+           'torch_threads', 'sweep_tiny_pair']
 
 # %% ../nbs/09c_sweep.ipynb #c4616a5e
 import math
@@ -31,10 +31,10 @@ from .acceptance import conditional_rates, fit_alpha
 def step_seconds(model: Llama, batch: int, block: int = 1, context: int = 64, repeats: int = 5) -> float:
     "Fastest of `repeats` forwards of `block` new tokens for each of `batch` sequences holding `context` cached tokens."
     cache = KVCache(model.args, batch, context + block, model.head_weight.dtype, model.head_weight.device)
+    cache.lengths.fill_(context)         # cached positions, no prefill: a step costs the same whatever K/V they hold
     rows = list(range(batch))
     times = []
     with torch.no_grad():
-        forward(model, torch.zeros(batch, context, dtype=torch.long), cache)
         for _ in range(repeats):
             t0 = time.perf_counter()
             forward(model, torch.zeros(batch, block, dtype=torch.long), cache)
@@ -143,41 +143,52 @@ def sweep_work(prompts: list, batch: int) -> list:
     "The requests of one sweep point: `prompts` cycled to fill whole batches of `batch` (every prompt at least once)."
     return [prompts[i % len(prompts)] for i in range(math.ceil(max(len(prompts), batch) / batch) * batch)]
 
+def measure_points(target: Llama, drafter: ModelDrafter | NgramDrafter, prompts: list, batch: int,
+                   params: SamplingParams, kappa: int, tokenizer: Any = None,
+                   rate_sets: Sequence[Sequence[float] | None] = (None,), repeats: int = 2, seed: int = 0) -> list:
+    "Plain and a speculative engine per `rate_sets` entry (None: exact), interleaved: a row each, one plain baseline."
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    if len(rate_sets) == 0:
+        raise ValueError("rate_sets must hold at least one entry (None: exact acceptance)")
+    if drafter is None and any(rates is not None for rates in rate_sets):
+        raise ValueError("synthetic_rates needs a drafter to time")
+    samplers = [None if rates is None else SyntheticSampler(rates) for rates in rate_sets]   # None: the engine's own
+    work = sweep_work(prompts, batch)
+    batches = [work[i:i + batch] for i in range(0, len(work), batch)]
+    sizes = dict(max_num_seqs=batch, enable_prefix_caching=False)
+    engines = [SpecDecoder(target, None, tokenizer, kappa=0, seed=seed, **sizes)]          # plain decoding first
+    engines += [SpecDecoder(target, drafter, tokenizer, kappa=kappa, seed=seed, sampler=s, **sizes) for s in samplers]
+    best = [(math.inf, 0)] * len(engines)
+    samples = [None] * len(engines)
+    for r in range(repeats):
+        for i in (range(len(engines)) if r % 2 == 0 else reversed(range(len(engines)))):
+            passes = [_timed(engines[i], b, params) for b in batches]
+            best[i] = min(best[i], (sum(p[0] for p in passes), sum(p[1] for p in passes)))
+            samples[i] = passes[0][2][0].text
+    plain_tok_s = best[0][1] / best[0][0]
+    rows = []
+    for rates, engine, (seconds, tokens), sample in zip(rate_sets, engines[1:], best[1:], samples[1:]):
+        m = engine.metrics
+        rows.append(dict(batch=batch, kappa=kappa, temperature=params.temperature, output_len=params.max_tokens,
+                         synthetic=rates is not None, requests=len(work), spec_tok_s=tokens / seconds,
+                         plain_tok_s=plain_tok_s, speedup=tokens / seconds / plain_tok_s, E=m.mean_acceptance_length,
+                         alpha_hat=fit_alpha(m).alpha if m.num_drafts else math.nan, r=m.per_position, metrics=m,
+                         sample=sample))
+    return rows
+
 def measure_point(target: Llama, drafter: ModelDrafter | NgramDrafter, prompts: list, batch: int,
                   params: SamplingParams, kappa: int, tokenizer: Any = None,
                   synthetic_rates: Sequence[float] | None = None, repeats: int = 2, seed: int = 0) -> dict:
     "All `prompts`, `batch` at a time, plain and speculative, interleaved `repeats` times; the fastest pass of each."
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
-    work = sweep_work(prompts, batch)
-    batches = [work[i:i + batch] for i in range(0, len(work), batch)]
-    if synthetic_rates is not None and drafter is None:
-        raise ValueError("synthetic_rates needs a drafter to time")
-    sampler = None if synthetic_rates is None else SyntheticSampler(synthetic_rates)   # None: the engine's own
-    sizes = dict(max_num_seqs=batch, enable_prefix_caching=False)
-    plain = SpecDecoder(target, None, tokenizer, kappa=0, seed=seed, **sizes)
-    spec = SpecDecoder(target, drafter, tokenizer, kappa=kappa, seed=seed, sampler=sampler, **sizes)
-    best = {"plain": (math.inf, 0), "spec": (math.inf, 0)}
-    sample = None
-    for r in range(repeats):
-        for name in (("plain", "spec") if r % 2 == 0 else ("spec", "plain")):
-            passes = [_timed(plain if name == "plain" else spec, b, params) for b in batches]
-            best[name] = min(best[name], (sum(p[0] for p in passes), sum(p[1] for p in passes)))
-            sample = passes[0][2][0].text if name == "spec" else sample
-    spec_tok_s = best["spec"][1] / best["spec"][0]
-    plain_tok_s = best["plain"][1] / best["plain"][0]
-    m = spec.metrics
-    return dict(batch=batch, kappa=kappa, temperature=params.temperature, output_len=params.max_tokens,
-                synthetic=synthetic_rates is not None, requests=len(work), spec_tok_s=spec_tok_s,
-                plain_tok_s=plain_tok_s, speedup=spec_tok_s / plain_tok_s, E=m.mean_acceptance_length,
-                alpha_hat=fit_alpha(m).alpha if m.num_drafts else math.nan, r=m.per_position, metrics=m,
-                sample=sample)
+    return measure_points(target, drafter, prompts, batch, params, kappa, tokenizer, [synthetic_rates], repeats,
+                          seed)[0]
 
 # %% ../nbs/09c_sweep.ipynb #d37b1c15
 def sweep(target: Llama, drafters: dict, prompts: list, batch_sizes: Sequence[int], kappas: Sequence[int] = (3,),
           temperatures: Sequence[float] = (0.0,), output_lens: Sequence[int] = (32,), tokenizer: Any = None,
           synthetic_rates: Sequence[float] | None = None, repeats: int = 2, seed: int = 0,
-          progress: bool = True) -> list:
+          progress: bool = True, with_synthetic: bool = False) -> list:
     "One `measure_point` per (drafter, kappa, temperature, output length, batch): a tidy table, one dict per point."
     if not isinstance(drafters, dict) or not drafters:
         raise TypeError("drafters must be a non-empty dict {name: drafter}")
@@ -188,13 +199,22 @@ def sweep(target: Llama, drafters: dict, prompts: list, batch_sizes: Sequence[in
     grid = [(name, k, t, n, b) for name in drafters for k in kappas for t in temperatures for n in output_lens
             for b in sorted(set(batch_sizes))]
     rows = []
+    measured = {}                                   # with_synthetic: the rates of each group's smallest batch
     bar = tqdm(grid, desc="sweep", disable=not progress)
     for name, kappa, temperature, output_len, batch in bar:
         params = SamplingParams(temperature=temperature, max_tokens=output_len, ignore_eos=True)
-        row = measure_point(target, drafters[name], prompts, batch, params, kappa, tokenizer, synthetic_rates,
-                            repeats, seed)
-        rows.append({"drafter": name, **row})
-        bar.set_postfix(batch=batch, speedup=f"{row['speedup']:.2f}x")
+        point = (target, drafters[name], prompts, batch, params, kappa, tokenizer)
+        group = (name, kappa, temperature, output_len)
+        if not with_synthetic:
+            points = [measure_point(*point, synthetic_rates, repeats, seed)]
+        elif synthetic_rates is None and group not in measured:       # the rates first, then synthetic at them
+            points = [measure_point(*point, None, repeats, seed)]
+            measured[group] = points[0]["r"]
+            points.append(measure_point(*point, measured[group], repeats, seed))
+        else:                                                         # exact and synthetic share the plain passes
+            points = measure_points(*point, [None, measured.get(group, synthetic_rates)], repeats, seed)
+        rows += [{"drafter": name, **row} for row in points]
+        bar.set_postfix(batch=batch, speedup=f"{points[0]['speedup']:.2f}x")
     return rows
 
 # %% ../nbs/09c_sweep.ipynb #b65b5cae
@@ -219,8 +239,11 @@ def torch_threads(n: int | None) -> Iterator[None]:
 
 def sweep_tiny_pair(batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), kappa: int = 3, method: str = "draft_model",
                     temperature: float = 0.0, output_len: int = 32, num_prompts: int = 16, synthetic: bool = False,
-                    repeats: int = 2, seed: int = 0, threads: int | None = 1, progress: bool = True) -> list:
+                    repeats: int = 2, seed: int = 0, threads: int | None = 1, progress: bool = True,
+                    with_synthetic: bool = False) -> list:
     "Lab 08's sweep on the shipped tiny pair: speculative vs plain at each batch size (synthetic: rates held fixed)."
+    if synthetic and with_synthetic:
+        raise ValueError("synthetic (synthetic rows only) and with_synthetic (rows of both kinds) exclude each other")
     tokenizer = load_tokenizer(tiny_pair_path("target"))
     target = load_model(tiny_pair_path("target"))
     drafters = tiny_pair_drafters(load_model(tiny_pair_path("draft")), method)
@@ -231,4 +254,4 @@ def sweep_tiny_pair(batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), kappa: in
         if synthetic:                               # measure the rates once, at batch 1, then hold them fixed
             rates = measure_point(target, drafters[method], prompts, 1, params, kappa, tokenizer, seed=seed)["r"]
         return sweep(target, drafters, prompts, batch_sizes, (kappa,), (temperature,), (output_len,), tokenizer,
-                     rates, repeats, seed, progress)
+                     rates, repeats, seed, progress, with_synthetic)
