@@ -505,6 +505,8 @@ class Scheduler:
 
     def _admit(self) -> None:
         "Move waiting requests into the batch while sequences, batched tokens and blocks allow."
+        if not self.waiting:                                   # the usual step: nothing to admit, no budget to add up
+            return
         bm = self.block_manager
         budget = self.max_num_batched_tokens - sum(r.num_tokens_to_compute(self.lookahead(r))
                                                    for r in self.running.values())

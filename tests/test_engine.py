@@ -10,7 +10,9 @@ per 16 (which must give plain greedy decoding). So every verify step mixes rows 
 rows: a row read with a neighbour's parameters, q rows or coins shows as a bias. The counts of each setting's first
 three tokens (8^3 = 512 outcomes; 27 under top_k = 3) are tested against `sequence_law` (the exact law of three target
 tokens under that setting) with Pearson's chi-square at level LEVEL = 1e-3. max_tokens = max(3, kappa + 1), so that
-the first step really drafts kappa tokens (the engine never drafts past max_tokens - 1).
+the first step really drafts kappa tokens (the engine never drafts past max_tokens - 1); a sampled request is aborted
+(a client that stops reading) once its first three tokens are out, since nothing later can change them: at kappa 5
+that halves the steps. The greedy requests run to max_tokens and must equal plain greedy decoding.
 
 Power and cost. Each setting's law is tested at the fewest draws that flag a TV bias of TV_JOINT = 0.03 with
 probability POWER = 0.999 over the bins left after pooling rare outcomes, pooled mass included (Chapter 1's
@@ -108,26 +110,37 @@ def law_sizes(groups=tuple(GROUPS), tv=TV_JOINT):
 def law_counts(kappa, drafter, backend, sizes, groups=tuple(GROUPS), seed_backend=None):
     """Counts [setting, outcome] of the first three tokens of sizes[s] unseeded requests of each setting s (settings
     shuffled together by a fixed permutation, with a greedy request every GREEDY_EVERY that must give plain greedy
-    decoding), and the number of drafted tokens. Engine seeds depend on `seed_backend` (default: the backend).
-    Cached: the planted-bug test reuses the grid's counts."""
+    decoding), and the number of drafted tokens. A sampled request is aborted once its first three tokens are out;
+    a greedy one runs to max_tokens. Engine seeds depend on `seed_backend` (default: the backend). Cached: the
+    planted-bug test reuses the grid's counts."""
     target, params = pair()[0], group_params(kappa, groups)
     greedy = SamplingParams(temperature=0, max_tokens=params[0].max_tokens)
     greedy_ref = plain_generate(target, None, PROMPT, greedy.max_tokens, temperature=0)
     order = np.random.default_rng(0).permutation(np.repeat(np.arange(len(groups)), sizes))
     counts, drafted = np.zeros((len(groups), V ** 3), np.int64), 0
+    blocks_each = -(-(len(PROMPT) + greedy.max_tokens + kappa + 1) // 16)   # prompt, tokens, drafts: 16 a block
     for call, start in enumerate(range(0, len(order), CALL)):
         batch, setting = [], []                                   # setting -1: a greedy request
         for i in range(start, min(start + CALL, len(order))):
             if i % GREEDY_EVERY == 0: batch.append(greedy); setting.append(-1)
             batch.append(params[order[i]]); setting.append(order[i])
         eng = SpecDecoder(target, make_drafter(drafter), kappa=kappa, backend=backend, max_num_seqs=len(batch),
-                          max_num_batched_tokens=2 ** 20,      # one call: one batch, as all join at once
+                          max_num_batched_tokens=2 ** 20, num_blocks=blocks_each * len(batch),  # one batch
                           seed=engine_seed(kappa, drafter, seed_backend or backend, sizes, call))
-        outs = eng.generate([PROMPT] * len(batch), batch)
-        assert all(o.finish_reason == "length" and len(o.token_ids) == greedy.max_tokens for o in outs)
-        assert all(o.token_ids == greedy_ref for o, p in zip(outs, batch) if p.greedy)
+        tokens = {eng.add_request(PROMPT, p): [] for p in batch}   # ids 0, 1, ... in batch order
+        finished = set()
+        while eng.has_unfinished():
+            for out in eng.step():
+                tokens[out.req_id] += out.new_token_ids
+                if out.finished is not None:
+                    finished.add(out.req_id)
+                elif len(tokens[out.req_id]) >= 3 and setting[out.req_id] >= 0:
+                    eng.abort(out.req_id)       # its first three tokens are out: nothing later can change them
+        outs = list(tokens.values())
+        assert all(3 <= len(o) <= greedy.max_tokens for o in outs)
+        assert all(o == greedy_ref and i in finished for i, (o, s) in enumerate(zip(outs, setting)) if s < 0)
         setting = np.array(setting)
-        codes = np.array([o.token_ids[:3] for o in outs]) @ np.array([V * V, V, 1])
+        codes = np.array([o[:3] for o in outs]) @ np.array([V * V, V, 1])
         np.add.at(counts, (setting[setting >= 0], codes[setting >= 0]), 1)
         drafted += eng.metrics.num_draft_tokens
     return counts, drafted
