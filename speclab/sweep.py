@@ -189,7 +189,7 @@ def sweep(target: Llama, drafters: dict, prompts: list, batch_sizes: Sequence[in
           temperatures: Sequence[float] = (0.0,), output_lens: Sequence[int] = (32,), tokenizer: Any = None,
           synthetic_rates: Sequence[float] | None = None, repeats: int = 2, seed: int = 0,
           progress: bool = True, with_synthetic: bool = False) -> list:
-    "One `measure_point` per (drafter, kappa, temperature, output length, batch): a tidy table, one dict per point."
+    "A tidy table: a row per (drafter, kappa, temperature, output length, batch), two with `with_synthetic`."
     if not isinstance(drafters, dict) or not drafters:
         raise TypeError("drafters must be a non-empty dict {name: drafter}")
     if not prompts:
