@@ -5,17 +5,17 @@
 # %% auto #0
 __all__ = ['WAITING', 'RUNNING', 'FINISHED', 'DRAFT_SALT', 'DEFAULT_KV_BYTES', 'SamplingParams', 'check_processor_fields',
            'Output', 'RequestState', 'StepOutput', 'ngram_propose', 'NgramDrafter', 'processor_rows', 'take_rows',
-           'grow_history', 'batch_processors', 'request_probs', 'ModelDrafter', 'kappa_for_batch', 'check_schedule',
-           'StepPlan', 'Proposal', 'Scheduler', 'check_engine_args', 'check_pair', 'check_batch', 'SchedulerStats',
-           'SpecDecoder', 'prompt_ids', 'new_request', 'request_blocks', 'block_bytes', 'pool_blocks', 'check_fits',
-           'ModelRunner', 'prompt_logprobs', 'emitted_logprobs']
+           'grow_history', 'batch_processors', 'request_probs', 'sample_plain', 'ModelDrafter', 'kappa_for_batch',
+           'check_schedule', 'StepPlan', 'Proposal', 'Scheduler', 'check_engine_args', 'check_pair', 'check_batch',
+           'SchedulerStats', 'SpecDecoder', 'prompt_ids', 'new_request', 'request_blocks', 'block_bytes', 'pool_blocks',
+           'check_fits', 'ModelRunner', 'prompt_logprobs', 'emitted_logprobs']
 
 # %% ../nbs/08_engine.ipynb #fba7d837
 import copy
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from typing import Any, NamedTuple
@@ -323,6 +323,14 @@ def request_probs(logits: torch.Tensor, params: list[SamplingParams],
     top_p = torch.tensor([p.top_p for p in params])
     min_p = torch.tensor([p.min_p for p in params], dtype=torch.float64)
     return sampling_probs(logits, temperature, top_k, top_p, min_p=min_p, check=False)
+
+def sample_plain(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
+                 rows: ProcessorRows | None = None) -> torch.Tensor:
+    """Plain decoding's sampler, one token per request (a row of `logits` each): what the rejection sampler draws for
+    a request with no drafts (its bonus token), without the metadata and the rejection step around it."""
+    if all(p.greedy for p in params):                          # argmaxes only: no transforms, no generator touched
+        return (logits if rows is None else process_logits(logits, rows)).argmax(-1)
+    return draw_tokens(request_probs(logits, params, rows), [p.greedy for p in params], generators, check=False)
 
 class ModelDrafter:
     "Drafts with a smaller model: kappa autoregressive draws from its own q, its K/V in the target's blocks."
@@ -886,21 +894,29 @@ class ModelRunner:
         slots = [slot for s in steps for slot in s.slot_mapping]      # the block manager's, computed once
         pb = paged_batch(blocks, starts, [r.block_table for r in batch], self.block_size, self.device,
                          self.sliding_window, slots)
-        cu_num_scheduled_tokens = torch.tensor([len(b) for b in blocks]).cumsum(0)
-        md = SpecDecodeMetadata.from_drafts(drafts, cu_num_scheduled_tokens, device=self.device, check=False)
-        run_target = getattr(self.drafter, "forward_target", forward_paged)  # an EAGLE head keeps the target's features
-        logits = run_target(self.target, self.cache, pb, md.logits_indices)
         params = [r.params for r in batch]
-        sampling = SamplingMetadata.from_lists([p.temperature for p in params], [p.top_k for p in params],
-                                               [p.top_p for p in params], [r.target_gen for r in batch],
-                                               self.device, batch_processors(batch, logits.shape[1], self.device),
-                                               check=False)
-        out = self.sampler(md, logits, proposal.draft_probs, sampling, self.backend)
+        num_tokens = sum(len(b) for b in blocks)
+        if self.drafter is None:                                      # plain decoding: no drafts, no rejection step
+            logits = forward_paged(self.target, self.cache, pb, pb.last_token_indices)
+            rows = batch_processors(batch, logits.shape[1], self.device)
+            out = sample_plain(logits, params, [r.target_gen for r in batch], rows)[:, None]
+            num_draft_tokens = [0] * len(batch)
+        else:
+            cu_num_scheduled_tokens = torch.tensor([len(b) for b in blocks]).cumsum(0)
+            md = SpecDecodeMetadata.from_drafts(drafts, cu_num_scheduled_tokens, device=self.device, check=False)
+            run_target = getattr(self.drafter, "forward_target", forward_paged)  # EAGLE keeps the target's features
+            logits = run_target(self.target, self.cache, pb, md.logits_indices)
+            sampling = SamplingMetadata.from_lists([p.temperature for p in params], [p.top_k for p in params],
+                                                   [p.top_p for p in params], [r.target_gen for r in batch],
+                                                   self.device, batch_processors(batch, logits.shape[1], self.device),
+                                                   check=False)
+            out = self.sampler(md, logits, proposal.draft_probs, sampling, self.backend)
+            num_draft_tokens = md.num_draft_tokens
         logprobs = None
         if any(p.logprobs is not None for p in params):
-            per = emitted_logprobs(logits, md, out, max(p.logprobs or 0 for p in params))
+            per = emitted_logprobs(logits, num_draft_tokens, out, max(p.logprobs or 0 for p in params))
             logprobs = [[(lp, top[:p.logprobs or 0]) for lp, top in lps] for p, lps in zip(params, per)]
-        return out, logprobs, int(cu_num_scheduled_tokens[-1])
+        return out, logprobs, num_tokens
 
 @torch.no_grad()
 def prompt_logprobs(model: Llama, ids: list[int], num_top: int) -> list:
@@ -915,10 +931,11 @@ def prompt_logprobs(model: Llama, ids: list[int], num_top: int) -> list:
             for i in range(len(chosen))]
     return [None] + list(zip(chosen, alts))
 
-def emitted_logprobs(logits: torch.Tensor, metadata: SpecDecodeMetadata, output_token_ids: torch.Tensor,
-                     num_top: int) -> list[list[tuple[float, list[tuple[int, float]]]]]:
-    "Per request, per emitted token: the target's raw log-prob of it at its position, and the top num_top (vLLM's)."
-    n = torch.as_tensor(metadata.num_draft_tokens)
+def emitted_logprobs(logits: torch.Tensor, num_draft_tokens: Sequence[int] | torch.Tensor,
+                     output_token_ids: torch.Tensor, num_top: int) -> list[list[tuple[float, list[tuple[int, float]]]]]:
+    """Per request, per emitted token: the target's raw log-prob of it at its position, and the top num_top (vLLM's).
+    `logits` holds num_draft_tokens[b] + 1 rows per request b, request by request."""
+    n = torch.as_tensor(num_draft_tokens)
     first = (torch.cumsum(n + 1, 0) - (n + 1)).to(output_token_ids.device)
     b, j = (output_token_ids != PLACEHOLDER_TOKEN_ID).nonzero(as_tuple=True)
     rows = first[b] + j                            # position j of request b: the row that sampled its j-th token
