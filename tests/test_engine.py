@@ -507,3 +507,34 @@ def test_every_allowed_seed_decodes(seed):
     again = eng.generate([[5], [1, 2]], [SamplingParams(temperature=1.0, max_tokens=9), sp])
     assert again[1].token_ids == outs[0].token_ids
     assert eng.metrics.num_draft_tokens > 0
+
+
+@pytest.mark.parametrize("mix", ["greedy", "sampled", "processed"])
+def test_plain_sampler_draws_the_rejection_samplers_bonus(mix):
+    """An engine without a drafter samples with `sample_plain`, not the rejection sampler. With no drafts the two
+    must agree token for token: the same transforms and the same generator calls, for greedy rows, sampled rows mixed
+    with greedy ones, and rows with logits processors (penalties over a history, logit bias, min-p). Two copies of
+    each request's seeded generator feed the two samplers; 64 rows over V = 4096 make a coincidence impossible."""
+    import torch
+    from speclab.engine import processor_rows, sample_plain
+    from speclab.metadata import SpecDecodeMetadata
+    from speclab.sampling import SamplingMetadata, rejection_sampler
+    rng = np.random.default_rng(5)
+    B, V = 64, 4096
+    logits = torch.from_numpy(rng.normal(0, 3, (B, V)))
+    temps = {"greedy": [0.0] * B, "sampled": [0.0, 0.7, 1.0, 1.3] * (B // 4), "processed": [0.8, 0.0] * (B // 2)}[mix]
+    extra = dict(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2, logit_bias={7: 5.0},
+                 min_p=0.05) if mix == "processed" else {}
+    params = [SamplingParams(temperature=t, top_k=[0, 50][b % 2], top_p=[1.0, 0.9][b % 3 == 0], seed=b, **extra)
+              for b, t in enumerate(temps)]
+    prompts = [rng.integers(0, V, 6).tolist() for _ in range(B)]
+    outputs = [rng.integers(0, V, 3).tolist() for _ in range(B)]
+    rows = processor_rows(params, prompts, outputs, [frozenset()] * B, V)
+    gens = lambda: [torch.Generator().manual_seed(b) for b in range(B)]
+    plain = sample_plain(logits, params, gens(), rows)
+    md = SpecDecodeMetadata.from_drafts([[] for _ in range(B)])
+    sampling = SamplingMetadata.from_lists([p.temperature for p in params], [p.top_k for p in params],
+                                           [p.top_p for p in params], gens(), processors=rows)
+    bonus = rejection_sampler(md, logits, None, sampling)[:, 0]
+    assert (rows is not None) == (mix == "processed")
+    assert torch.equal(plain, bonus)
