@@ -34,7 +34,7 @@ counted, those sizes promised only 0.17 and 0.38.) This is weaker than the engin
 0.02, tests/test_engine.py), which tests the same sampler and verify path at full power without fields; what these
 tests add is each position's history, and a wrong history moves the law by more than these targets. (With the n-gram
 drafter a repetition-penalty history bug is invisible here: its drafts are prompt tokens, already penalised; so the
-bugs run with the model drafter.) About 160 CPU seconds for the whole file. SPECLAB_FIELDS_TV scales both
+bugs run with the model drafter.) About 105 CPU seconds for the whole file (170 before). SPECLAB_FIELDS_TV scales both
 targets for a quick local loop (above 1 the bounds are not asserted).
 """
 import os
