@@ -391,7 +391,8 @@ def test_reserved_blocks_must_be_private():
 
 
 class _Counting(BlockManager):
-    "Counts successful reservations and the steps that found all their blocks reserved."
+    """Counts successful reservations and the steps that found all their blocks reserved. It only counts: every
+    method returns and changes what BlockManager's does, so a workload played on it is played on BlockManager."""
     made = []
 
     def __init__(self, *args, **kwargs):
@@ -416,9 +417,10 @@ class _Counting(BlockManager):
 @pytest.mark.parametrize("kwargs", [{}, dict(sliding_window=6), dict(num_blocks=12, block_size=2, sliding_window=5),
                                     dict(enable_prefix_caching=False)])
 def test_fuzzer_with_reservations_stays_clean_over_200_seeds(kwargs):
+    """200 seeded workloads keep every invariant, each played once: on `_Counting`, the production class with counters
+    (an earlier version replayed all 200 on BlockManager too, the same operations on the same code a second time)."""
     _Counting.made.clear()
     assert [s for s in range(200) if fuzz_invariants(_Counting, 40, s, **kwargs)] == []
-    assert [s for s in range(200) if fuzz_invariants(BlockManager, 40, s, **kwargs)] == []
     assert len(_Counting.made) == 200
     assert sum(m.reservations for m in _Counting.made) > 1000  # the workloads did reserve ...
     assert sum(m.reserved_steps for m in _Counting.made) > 500  # ... and stepped into reservations
