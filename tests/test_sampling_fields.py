@@ -22,16 +22,15 @@ of that window (and, after a rejection, of the next ones).
 
 Power and cost. Pearson's chi-square at level LEVEL = 1e-3 over the first three tokens (512 outcomes, rare ones
 pooled). Each test draws, for each setting, the fewest requests at which its test flags a TV bias of the target with
-probability POWER = 0.999, pooled mass included (Chapter 1's `draws_for_law` and `law_detectable_tv`):
-TV_FIELDS = 0.12 in one batch (from 2,460 requests for min_p to 9,000 for the repetition penalty, 47,103 per drafter;
-until issue 25 every setting drew the largest size, 72,000 in all) and TV_FIELDS_EVENTS = 0.2 through prefix hits and
-preemption (1,252 to 4,694, 22,878 in all; thousands of preemptions per run). The targets are sized to the planted
-bugs: measured with the model drafter, they move the law by TV 0.13 to 0.61 (missing drafts on the repetition penalty
-is the smallest), so each is caught with probability 0.999 at the one-batch sizes of the settings it breaks, and each
-must give p < LEVEL there. (The
-first version of this file drew 6,000 and 2,000 requests and stated 0.085 and 0.13, ignoring the pooled mass; with it
-counted, those sizes promised only 0.17 and 0.38.) This is weaker than the engine's law grid (TV
-0.02, tests/test_engine.py), which tests the same sampler and verify path at full power without fields; what these
+probability POWER = 0.999, pooled mass included (Chapter 1's `draws_for_law` and `law_detectable_tv`): TV_FIELDS = 0.12
+in one batch (from 2,460 requests for min_p to 9,000 for the repetition penalty, 47,103 per drafter; until issue 25
+every setting drew the largest size, 72,000 in all) and TV_FIELDS_EVENTS = 0.2 through prefix hits and preemption
+(1,252 to 4,694, 22,878 in all; thousands of preemptions per run). The targets are sized to the planted bugs: measured
+with the model drafter, they move the law by TV 0.13 to 0.61 (missing drafts on the repetition penalty is the
+smallest), so each is caught with probability 0.999 at the one-batch sizes of the settings it breaks, and each must
+give p < LEVEL there. (The first version of this file drew 6,000 and 2,000 requests and stated 0.085 and 0.13, ignoring
+the pooled mass; with it counted, those sizes promised only 0.17 and 0.38.) This is weaker than the engine's law grid
+(TV 0.02, tests/test_engine.py), which tests the same sampler and verify path at full power without fields; what these
 tests add is each position's history, and a wrong history moves the law by more than these targets. (With the n-gram
 drafter a repetition-penalty history bug is invisible here: its drafts are prompt tokens, already penalised; so the
 bugs run with the model drafter.) About 105 CPU seconds for the whole file (170 before). SPECLAB_FIELDS_TV scales both
