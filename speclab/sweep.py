@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['step_seconds', 'RooflineFit', 'fit_ridge', 'measure_roofline', 'measured_crossing', 'SyntheticSampler',
-           'sweep_prompts', 'sweep_work', 'measure_points', 'measure_point', 'sweep', 'tiny_pair_drafters',
-           'torch_threads', 'sweep_tiny_pair']
+           'sweep_prompts', 'sweep_work', 'measure_points', 'measure_point', 'pass_rates', 'sweep',
+           'tiny_pair_drafters', 'torch_threads', 'sweep_tiny_pair']
 
 # %% ../nbs/09c_sweep.ipynb #c4616a5e
 import math
@@ -184,6 +184,16 @@ def measure_point(target: Llama, drafter: ModelDrafter | NgramDrafter, prompts: 
     return measure_points(target, drafter, prompts, batch, params, kappa, tokenizer, [synthetic_rates], repeats,
                           seed)[0]
 
+def pass_rates(target: Llama, drafter: ModelDrafter | NgramDrafter, prompts: list, batch: int,
+               params: SamplingParams, kappa: int, tokenizer: Any = None, seed: int = 0) -> list:
+    "Per-position acceptance rates of one exact pass over a point's work: the pass its exact engine makes first."
+    engine = SpecDecoder(target, drafter, tokenizer, kappa=kappa, seed=seed, max_num_seqs=batch,
+                         enable_prefix_caching=False)
+    work = sweep_work(prompts, batch)
+    for i in range(0, len(work), batch):
+        _timed(engine, work[i:i + batch], params)
+    return engine.metrics.per_position
+
 # %% ../nbs/09c_sweep.ipynb #d37b1c15
 def sweep(target: Llama, drafters: dict, prompts: list, batch_sizes: Sequence[int], kappas: Sequence[int] = (3,),
           temperatures: Sequence[float] = (0.0,), output_lens: Sequence[int] = (32,), tokenizer: Any = None,
@@ -207,11 +217,9 @@ def sweep(target: Llama, drafters: dict, prompts: list, batch_sizes: Sequence[in
         group = (name, kappa, temperature, output_len)
         if not with_synthetic:
             points = [measure_point(*point, synthetic_rates, repeats, seed)]
-        elif synthetic_rates is None and group not in measured:       # the rates first, then synthetic at them
-            points = [measure_point(*point, None, repeats, seed)]
-            measured[group] = points[0]["r"]
-            points.append(measure_point(*point, measured[group], repeats, seed))
         else:                                                         # exact and synthetic share the plain passes
+            if synthetic_rates is None and group not in measured:     # the smallest batch: one exact pass first
+                measured[group] = pass_rates(*point, seed)
             points = measure_points(*point, [None, measured.get(group, synthetic_rates)], repeats, seed)
         rows += [{"drafter": name, **row} for row in points]
         bar.set_postfix(batch=batch, speedup=f"{points[0]['speedup']:.2f}x")
