@@ -100,6 +100,25 @@ def test_sweep_cycles_prompts_to_fill_a_large_batch():
     assert [r["requests"] for r in rows] == [2, 3]
 
 
+def test_measure_points_share_one_plain_baseline_and_refuse_bad_rate_sets():
+    """`measure_points` times plain decoding once for every rate set: each row carries the same plain throughput, the
+    exact row's counts do not depend on which synthetic rows ride along, and bad rate sets fail before any decoding."""
+    from speclab.sweep import measure_points, sweep_tiny_pair
+    from speclab.engine import SamplingParams
+    target, draft = tiny_random_pair(vocab_size=16, context=64)
+    prompts, params = [[1, 2, 3], [4, 5]], SamplingParams(temperature=0, max_tokens=8)
+    rows = measure_points(target, ModelDrafter(draft), prompts, 2, params, 3, rate_sets=[None, [0.9, 0.5, 0.2]],
+                          repeats=1)
+    alone = measure_points(target, ModelDrafter(draft), prompts, 2, params, 3, rate_sets=[None], repeats=1)
+    assert len(rows) == 2 and rows[0]["plain_tok_s"] == rows[1]["plain_tok_s"]
+    assert [r["synthetic"] for r in rows] == [False, True]
+    assert rows[0]["metrics"].hist == alone[0]["metrics"].hist
+    with pytest.raises(ValueError, match="rate_sets"):
+        measure_points(target, ModelDrafter(draft), prompts, 2, params, 3, rate_sets=[])
+    with pytest.raises(ValueError, match="exclude each other"):
+        sweep_tiny_pair([1], synthetic=True, with_synthetic=True)
+
+
 def test_synthetic_sampler_rates():
     """SyntheticSampler([0.9, 0.6, 0.3]) in the engine, kappa 3: the measured per-position acceptance is within the
     binomial tolerance z * sqrt(a (1 - a) / drafted_i) of the requested rate a at each position, z = the two-sided
