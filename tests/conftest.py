@@ -88,8 +88,7 @@ def pytest_configure(config):
 HEAVY_FIRST = ("tests/test_gradescope.py", "tests/test_site.py", "tests/test_engine.py::test_law_of",
                "tests/test_eagle.py", "tests/test_sampling_fields.py", "tests/test_repo.py::test_notebook_runs",
                "tests/test_audit.py", "tests/test_scheduler.py", "tests/test_sampling.py::test_distribution",
-               "tests/test_labs.py", "tests/test_lab08.py", "tests/test_grading.py", "tests/test_openai_client.py",
-               "tests/test_lab09.py",
+               "tests/test_labs.py", "tests/test_grading.py", "tests/test_openai_client.py",
                "tests/test_repo.py::test_wheel")
 
 
