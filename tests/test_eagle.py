@@ -32,8 +32,8 @@ from speclab.model import generate as plain_generate
 from speclab.model import load_model
 from speclab.proof import LEVEL
 from speclab.train import eval_prompts, tiny_pair_path
-from test_engine import (CALL, GREEDY_EVERY, GROUPS, PROMPT, TV_JOINT, V, check_law, engine_seed, greedy_case,
-                         group_params, law, law_sizes, pair)
+from test_engine import (CALL, GREEDY_EVERY, GROUPS, PROMPT, TV_JOINT, V, check_law, engine_seed, first_three_counts,
+                         greedy_case, group_params, law, law_sizes, pair, pool_size)
 
 torch.set_num_threads(1)
 TV_EAGLE = 0.045 * TV_JOINT / 0.03   # scaled with SPECLAB_ENGINE_TV, as the grid's TV_JOINT
@@ -88,7 +88,8 @@ def eagle(vocab_size=V, cls=EagleDrafter):
 @lru_cache(maxsize=None)
 def eagle_law_counts(kappa, sizes, cls=EagleDrafter):
     """tests/test_engine.py's law_counts with the EAGLE drafter: counts [setting, outcome] of the first three tokens of
-    sizes[s] requests of each setting s, the settings shuffled together, a greedy request every GREEDY_EVERY."""
+    sizes[s] requests of each setting s, the settings shuffled together, a greedy request every GREEDY_EVERY; each
+    sampled request aborted once its first three tokens are out (`first_three_counts`)."""
     target, params = pair()[0], group_params(kappa)
     greedy = SamplingParams(temperature=0, max_tokens=params[0].max_tokens)
     greedy_ref = plain_generate(target, None, PROMPT, greedy.max_tokens, temperature=0)
@@ -102,13 +103,10 @@ def eagle_law_counts(kappa, sizes, cls=EagleDrafter):
                 setting.append(-1)
             batch.append(params[order[i]])
             setting.append(order[i])
-        eng = SpecDecoder(target, eagle(cls=cls), kappa=kappa, max_num_seqs=len(batch), max_num_batched_tokens=2 ** 20,
+        eng = SpecDecoder(target, eagle(cls=cls), kappa=kappa, max_num_seqs=len(batch),
+                          max_num_batched_tokens=2 ** 20, num_blocks=pool_size(kappa, batch),
                           seed=engine_seed(kappa, "eagle", cls.__name__, sizes, call))
-        outs = eng.generate([PROMPT] * len(batch), batch)
-        assert all(o.token_ids == greedy_ref for o, p in zip(outs, batch) if p.greedy)
-        setting = np.array(setting)
-        codes = np.array([o.token_ids[:3] for o in outs]) @ np.array([V * V, V, 1])
-        np.add.at(counts, (setting[setting >= 0], codes[setting >= 0]), 1)
+        counts += first_three_counts(eng, batch, setting, greedy_ref, len(GROUPS))
         drafted += eng.metrics.num_draft_tokens
     return counts, drafted
 

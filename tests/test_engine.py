@@ -106,6 +106,34 @@ def law_sizes(groups=tuple(GROUPS), tv=TV_JOINT):
     return tuple(draws_for_law(np.asarray(law(t, k)), tv) for t, k in groups)
 
 
+def pool_size(kappa, batch):
+    "KV blocks (16 positions each) for all of `batch` at once: PROMPT, max_tokens and kappa draft slots each."
+    return len(batch) * -(-(len(PROMPT) + max(p.max_tokens for p in batch) + kappa + 1) // 16)
+
+
+def first_three_counts(eng, batch, setting, greedy_ref, num_settings):
+    """Run `batch` (PROMPT each) through `eng`; counts [setting, outcome] of the first three tokens of each sampled
+    request (setting[i] >= 0), which is aborted once they are out (nothing later can change them). The greedy
+    requests (setting -1) run to max_tokens and must equal plain greedy decoding, `greedy_ref`."""
+    tokens = {eng.add_request(PROMPT, p): [] for p in batch}   # ids 0, 1, ... in batch order
+    finished = set()
+    while eng.has_unfinished():
+        for out in eng.step():
+            tokens[out.req_id] += out.new_token_ids
+            if out.finished is not None:
+                finished.add(out.req_id)
+            elif len(tokens[out.req_id]) >= 3 and setting[out.req_id] >= 0:
+                eng.abort(out.req_id)
+    outs = list(tokens.values())
+    assert all(3 <= len(o) <= p.max_tokens for o, p in zip(outs, batch))
+    assert all(o == greedy_ref and i in finished for i, (o, s) in enumerate(zip(outs, setting)) if s < 0)
+    setting = np.array(setting)
+    codes = np.array([o[:3] for o in outs]) @ np.array([V * V, V, 1])
+    counts = np.zeros((num_settings, V ** 3), np.int64)
+    np.add.at(counts, (setting[setting >= 0], codes[setting >= 0]), 1)
+    return counts
+
+
 @lru_cache(maxsize=None)
 def law_counts(kappa, drafter, backend, sizes, groups=tuple(GROUPS), seed_backend=None):
     """Counts [setting, outcome] of the first three tokens of sizes[s] unseeded requests of each setting s (settings
@@ -118,30 +146,15 @@ def law_counts(kappa, drafter, backend, sizes, groups=tuple(GROUPS), seed_backen
     greedy_ref = plain_generate(target, None, PROMPT, greedy.max_tokens, temperature=0)
     order = np.random.default_rng(0).permutation(np.repeat(np.arange(len(groups)), sizes))
     counts, drafted = np.zeros((len(groups), V ** 3), np.int64), 0
-    blocks_each = -(-(len(PROMPT) + greedy.max_tokens + kappa + 1) // 16)   # prompt, tokens, drafts: 16 a block
     for call, start in enumerate(range(0, len(order), CALL)):
         batch, setting = [], []                                   # setting -1: a greedy request
         for i in range(start, min(start + CALL, len(order))):
             if i % GREEDY_EVERY == 0: batch.append(greedy); setting.append(-1)
             batch.append(params[order[i]]); setting.append(order[i])
         eng = SpecDecoder(target, make_drafter(drafter), kappa=kappa, backend=backend, max_num_seqs=len(batch),
-                          max_num_batched_tokens=2 ** 20, num_blocks=blocks_each * len(batch),  # one batch
+                          max_num_batched_tokens=2 ** 20, num_blocks=pool_size(kappa, batch),  # one batch
                           seed=engine_seed(kappa, drafter, seed_backend or backend, sizes, call))
-        tokens = {eng.add_request(PROMPT, p): [] for p in batch}   # ids 0, 1, ... in batch order
-        finished = set()
-        while eng.has_unfinished():
-            for out in eng.step():
-                tokens[out.req_id] += out.new_token_ids
-                if out.finished is not None:
-                    finished.add(out.req_id)
-                elif len(tokens[out.req_id]) >= 3 and setting[out.req_id] >= 0:
-                    eng.abort(out.req_id)       # its first three tokens are out: nothing later can change them
-        outs = list(tokens.values())
-        assert all(3 <= len(o) <= greedy.max_tokens for o in outs)
-        assert all(o == greedy_ref and i in finished for i, (o, s) in enumerate(zip(outs, setting)) if s < 0)
-        setting = np.array(setting)
-        codes = np.array([o[:3] for o in outs]) @ np.array([V * V, V, 1])
-        np.add.at(counts, (setting[setting >= 0], codes[setting >= 0]), 1)
+        counts += first_three_counts(eng, batch, setting, greedy_ref, len(groups))
         drafted += eng.metrics.num_draft_tokens
     return counts, drafted
 
