@@ -201,8 +201,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     "Speculative generation on local checkpoints; prints completions and metrics (or JSON). Errors go to stderr."
     params = sampling_params(args)
     with user_input("generate"):
-        if args.prompts and not Path(args.prompts).is_file():
-            raise FileNotFoundError(f"--prompts file not found: {args.prompts}")
         prompts = _read_prompts(args)
         if not prompts:
             raise ValueError(f"--prompts {args.prompts}: the file holds no prompt")
@@ -725,6 +723,16 @@ def _check_sweep(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> N
     if args.url and args.synthetic:
         fail("--synthetic replaces the in-process engine's sampler; a server's cannot be replaced (drop --url)")
 
+def _check_paths(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> None:
+    "The files and folders on the command line exist: checked before torch loads, so a typo costs no import."
+    for flag in ("target", "draft"):
+        folder = getattr(args, flag, None)
+        if isinstance(folder, str) and "/" in folder and not Path(folder).expanduser().is_dir():   # a path, not a name
+            fail(f"checkpoint folder not found: {folder} (speclab loads local folders only)")
+    prompts = getattr(args, "prompts", None)
+    if prompts and not Path(prompts).is_file():
+        fail(f"--prompts file not found: {prompts}")
+
 def check_args(args: argparse.Namespace) -> None:
     "Every range check argparse cannot express, in one place: a `UsageError` naming the flag."
     def fail(message):
@@ -736,6 +744,7 @@ def check_args(args: argparse.Namespace) -> None:
     temp = getattr(args, "temp", None)
     if temp is not None and not (math.isfinite(temp) and temp >= 0):
         fail(f"--temp must be a finite number >= 0, got {temp}")
+    _check_paths(args, fail)
     if args.command == "sweep":
         _check_sweep(args, fail)
     if args.command == "grade" and not args.gradescope and not args.path:
