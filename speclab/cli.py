@@ -727,7 +727,7 @@ def _check_paths(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> N
     "The files and folders on the command line exist: checked before torch loads, so a typo costs no import."
     for flag in ("target", "draft"):
         folder = getattr(args, flag, None)
-        if isinstance(folder, str) and "/" in folder and not Path(folder).expanduser().is_dir():   # a path, not a name
+        if isinstance(folder, str) and "/" in folder and not Path(folder).expanduser().exists():   # a path, not a name
             fail(f"checkpoint folder not found: {folder} (speclab loads local folders only)")
     prompts = getattr(args, "prompts", None)
     if prompts and not Path(prompts).is_file():

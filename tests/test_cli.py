@@ -148,3 +148,19 @@ def test_demo_honours_top_k():
     assert greedy[0] == top1[0] == top2[0] == 0, (greedy[2], top1[2], top2[2])
     assert text(top1[1]) == text(greedy[1])
     assert text(top2[1]) != text(greedy[1])  # the flag reaches the sampler: a wider top-k samples something else
+
+
+def test_paths_are_checked_before_torch_and_files_still_pass():
+    """check_args refuses a missing path before torch loads, but a path that exists passes through, a file included:
+    `roofline` takes a config.json as well as a folder."""
+    from speclab.cli import UsageError, build_parser, check_args
+    from speclab.train import tiny_pair_path
+    parse = lambda *argv: build_parser().parse_args(list(argv))
+    config = str(tiny_pair_path("target") / "config.json")
+    check_args(parse("roofline", "--target", config, "--draft", str(tiny_pair_path("draft"))))
+    with pytest.raises(UsageError, match="checkpoint folder not found: /no/such/dir"):
+        check_args(parse("generate", "--target", "/no/such/dir", "--ngram", "2", "--prompt", "x"))
+    with pytest.raises(UsageError, match="--prompts file not found: /no/file"):
+        check_args(parse("audit", "--url", "http://x", "--reference-url", "http://y", "--prompts", "/no/file"))
+    status, _, err = speclab("roofline", "--target", config, "--draft", str(tiny_pair_path("draft")))
+    assert status == 0, err
