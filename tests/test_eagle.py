@@ -32,8 +32,8 @@ from speclab.model import generate as plain_generate
 from speclab.model import load_model
 from speclab.proof import LEVEL
 from speclab.train import eval_prompts, tiny_pair_path
-from test_engine import (CALL, GREEDY_EVERY, GROUPS, PROMPT, TV_JOINT, V, check_law, engine_seed, first_three_counts,
-                         greedy_case, group_params, law, law_sizes, pair, pool_size)
+from test_engine import (GROUPS, TV_JOINT, V, check_law, engine_seed, greedy_case, law, law_sizes, pair,
+                         pool_size, run_law)
 
 torch.set_num_threads(1)
 TV_EAGLE = 0.045 * TV_JOINT / 0.03   # scaled with SPECLAB_ENGINE_TV, as the grid's TV_JOINT
@@ -87,28 +87,10 @@ def eagle(vocab_size=V, cls=EagleDrafter):
 
 @lru_cache(maxsize=None)
 def eagle_law_counts(kappa, sizes, cls=EagleDrafter):
-    """tests/test_engine.py's law_counts with the EAGLE drafter: counts [setting, outcome] of the first three tokens of
-    sizes[s] requests of each setting s, the settings shuffled together, a greedy request every GREEDY_EVERY; each
-    sampled request aborted once its first three tokens are out (`first_three_counts`)."""
-    target, params = pair()[0], group_params(kappa)
-    greedy = SamplingParams(temperature=0, max_tokens=params[0].max_tokens)
-    greedy_ref = plain_generate(target, None, PROMPT, greedy.max_tokens, temperature=0)
-    order = np.random.default_rng(0).permutation(np.repeat(np.arange(len(GROUPS)), sizes))
-    counts, drafted = np.zeros((len(GROUPS), V ** 3), np.int64), 0
-    for call, start in enumerate(range(0, len(order), CALL)):
-        batch, setting = [], []
-        for i in range(start, min(start + CALL, len(order))):
-            if i % GREEDY_EVERY == 0:
-                batch.append(greedy)
-                setting.append(-1)
-            batch.append(params[order[i]])
-            setting.append(order[i])
-        eng = SpecDecoder(target, eagle(cls=cls), kappa=kappa, max_num_seqs=len(batch),
-                          max_num_batched_tokens=2 ** 20, num_blocks=pool_size(kappa, batch),
-                          seed=engine_seed(kappa, "eagle", cls.__name__, sizes, call))
-        counts += first_three_counts(eng, batch, setting, greedy_ref, len(GROUPS))
-        drafted += eng.metrics.num_draft_tokens
-    return counts, drafted
+    "tests/test_engine.py's `run_law` through the EAGLE drafter (`cls`), all of a call in one batch."
+    return run_law(kappa, sizes, tuple(GROUPS), lambda call, batch: SpecDecoder(
+        pair()[0], eagle(cls=cls), kappa=kappa, max_num_seqs=len(batch), max_num_batched_tokens=2 ** 20,
+        num_blocks=pool_size(kappa, batch), seed=engine_seed(kappa, "eagle", cls.__name__, sizes, call)))
 
 
 @pytest.mark.xdist_group("eagle-law")                 # the four settings share one eagle_law_counts call

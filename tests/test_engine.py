@@ -134,13 +134,11 @@ def first_three_counts(eng, batch, setting, greedy_ref, num_settings):
     return counts
 
 
-@lru_cache(maxsize=None)
-def law_counts(kappa, drafter, backend, sizes, groups=tuple(GROUPS), seed_backend=None):
-    """Counts [setting, outcome] of the first three tokens of sizes[s] unseeded requests of each setting s (settings
-    shuffled together by a fixed permutation, with a greedy request every GREEDY_EVERY that must give plain greedy
-    decoding), and the number of drafted tokens. A sampled request is aborted once its first three tokens are out;
-    a greedy one runs to max_tokens. Engine seeds depend on `seed_backend` (default: the backend). Cached: the
-    planted-bug test reuses the grid's counts."""
+def run_law(kappa, sizes, groups, make_engine):
+    """The law harness: sizes[s] unseeded requests of each setting s (settings shuffled together by a fixed
+    permutation, with a greedy request every GREEDY_EVERY that must give plain greedy decoding), CALL requests to an
+    engine `make_engine(call, batch)`. Returns the counts [setting, outcome] of the first three tokens
+    (`first_three_counts`) and the number of drafted tokens."""
     target, params = pair()[0], group_params(kappa, groups)
     greedy = SamplingParams(temperature=0, max_tokens=params[0].max_tokens)
     greedy_ref = plain_generate(target, None, PROMPT, greedy.max_tokens, temperature=0)
@@ -151,12 +149,21 @@ def law_counts(kappa, drafter, backend, sizes, groups=tuple(GROUPS), seed_backen
         for i in range(start, min(start + CALL, len(order))):
             if i % GREEDY_EVERY == 0: batch.append(greedy); setting.append(-1)
             batch.append(params[order[i]]); setting.append(order[i])
-        eng = SpecDecoder(target, make_drafter(drafter), kappa=kappa, backend=backend, max_num_seqs=len(batch),
-                          max_num_batched_tokens=2 ** 20, num_blocks=pool_size(kappa, batch),  # one batch
-                          seed=engine_seed(kappa, drafter, seed_backend or backend, sizes, call))
+        eng = make_engine(call, batch)
         counts += first_three_counts(eng, batch, setting, greedy_ref, len(groups))
         drafted += eng.metrics.num_draft_tokens
     return counts, drafted
+
+
+@lru_cache(maxsize=None)
+def law_counts(kappa, drafter, backend, sizes, groups=tuple(GROUPS), seed_backend=None):
+    """`run_law` through the torch or triton engine with a model or n-gram drafter, all of a call in one batch.
+    Engine seeds depend on `seed_backend` (default: the backend). Cached: the planted-bug test reuses the grid's
+    counts."""
+    return run_law(kappa, sizes, groups, lambda call, batch: SpecDecoder(
+        pair()[0], make_drafter(drafter), kappa=kappa, backend=backend, max_num_seqs=len(batch),
+        max_num_batched_tokens=2 ** 20, num_blocks=pool_size(kappa, batch),
+        seed=engine_seed(kappa, drafter, seed_backend or backend, sizes, call)))
 
 
 def check_law(counts, probs, n):
