@@ -16,11 +16,18 @@ fewest trials that reach it (Chapter 1's `draws_for_law`, which counts the bins 
   rejections, recoveries and bonuses all happen, and each position's law has few enough outcomes to be tested with
   power. (Random rows over all 4,096 tokens spread each position's law so thin that most outcomes are pooled: the old
   40,960-trial version could only promise TV 0.25.) Bounds count the pooled mass (Chapter 1's `law_detectable_tv`).
+The wide test runs the sampler with check=False, the path the engine takes (its rows were validated once, upstream):
+that skips only the validation of its 1,024 x 4,096 target and draft rows per call, and computes the same
+tokens with the same coins (`test_unchecked_pieces_equal_checked`, every path; the narrow tests keep check=True, so the
+law is established on both). Its exact laws and sizes are computed once per process (`wide_case`), for the three paths,
+and it calls the sampler on WIDE_CHUNK = 512 trials at a time: with 4,096 (128 MB per row tensor) half of its CPU
+time went to the kernel's page faults on fresh allocations, and 512 halves the block path's cost.
 The planted bugs run at the narrow test's size and must each be rejected. The Triton interpreter is ~3,000x slower
 than torch per trial, so it does not re-test the law: on seeded trials it must emit exactly the torch backend's text
 (its kernels are the torch ops bit for bit, tests/test_kernels.py), and so it has the law established above.
 """
 import math
+from functools import lru_cache
 
 import numpy as np
 import pytest
@@ -34,6 +41,7 @@ from speclab.sampling import (chain_sample, cu_num_draft_tokens, draw_tokens, ge
 PATHS = [("standard", "exponential"), ("standard", "inverse_cdf"), ("block", "exponential")]
 TV_TOKEN, TV_WIDE = 0.02, 0.04     # the smallest TV bias each law test flags with probability POWER (see above)
 TRITON_TRIALS = 64                  # seeded trials each Triton path must reproduce token for token
+WIDE_CHUNK = 512                    # wide trials per sampler call: 16 MB row tensors (see the docstring)
 
 
 def markov(V, seed, sharpness):
@@ -64,11 +72,14 @@ def generate_text(sample, P, Q, kappa, trials, use_draft_probs, seed, chunk=None
     torch.manual_seed(seed)  # the sampler draws from torch's global generator: seed it, or the tests run before decide
     L, V = kappa + 1, P.shape[0]
     chunk = chunk or trials
-    cdf_q, cdf_p = Q.double().cumsum(1), P.double().cumsum(1)   # draws by inverse CDF: O(log V) a draw at V = 4096
+    offset = torch.arange(V, dtype=torch.float64)[:, None]
+    # draws by inverse CDF, O(log V) a draw at V = 4096: row k's normalised CDF shifted to (k, k + 1], all V rows in
+    # one sorted vector, searched at k + u (no [rows, V] gather per draw)
+    cdf_q, cdf_p = ((M.double().cumsum(1) / M.double().sum(1, keepdim=True) + offset).reshape(-1) for M in (Q, P))
 
     def draw(cdf, rows):
-        u = torch.rand(len(rows), 1, generator=g, dtype=torch.float64) * cdf[rows, -1:]
-        return torch.searchsorted(cdf[rows], u, right=True)[:, 0].clamp_(max=V - 1)
+        u = torch.rand(len(rows), 1, generator=g, dtype=torch.float64)[:, 0]
+        return (torch.searchsorted(cdf, rows + u, right=True) - rows * V).clamp_(0, V - 1)
     texts = []
     for start in range(0, trials, chunk):
         R = min(chunk, trials - start)
@@ -99,12 +110,13 @@ def generate_text(sample, P, Q, kappa, trials, use_draft_probs, seed, chunk=None
 
 def position_laws(P, L, pairs=False):
     "Exact laws of text positions 0 .. L-1 (row 0 of P^(j+1)), and of the first pair when asked."
+    P = P.double()
     law, laws = torch.eye(P.shape[0], dtype=torch.float64)[0], []
     for _ in range(L):
-        law = law @ P.double()
+        law = law @ P
         laws.append(law.numpy())
     if pairs:
-        laws.append((P.double()[0][:, None] * P.double()).reshape(-1).numpy())
+        laws.append((P[0][:, None] * P).reshape(-1).numpy())
     return laws
 
 
@@ -113,11 +125,11 @@ def trials_for(P, L, tv, pairs=False):
     return max(draws_for_law(law, tv) for law in position_laws(P, L, pairs))
 
 
-def position_tests(text, P, pairs=False):
+def position_tests(text, P, pairs=False, laws=None):
     "Chi-square p-values of every text position (and optionally the first pair) against the exact Markov law."
     V, L = P.shape[0], text.shape[1]
     codes = [text[:, j] for j in range(L)] + ([text[:, 0] * V + text[:, 1]] if pairs else [])
-    laws = position_laws(P, L, pairs)   # Pr(text0 = a, text1 = b) = P[0,a] P[a,b] for the pair
+    laws = laws or position_laws(P, L, pairs)   # Pr(text0 = a, text1 = b) = P[0,a] P[a,b] for the pair
     return [chi_square_gof(torch.bincount(c, minlength=len(law)).numpy(), law)[1] for c, law in zip(codes, laws)]
 
 
@@ -126,8 +138,18 @@ def flagged_tv(P, L, trials, pairs=False):
     return max(law_detectable_tv(law, trials) for law in position_laws(P, L, pairs))
 
 
-def sampler(method, recovery, backend="torch"):
-    return lambda *a: rejection_sample(*a, method=method, recovery=recovery, backend=backend)
+def sampler(method, recovery, backend="torch", check=True):
+    return lambda *a: rejection_sample(*a, method=method, recovery=recovery, backend=backend, check=check)
+
+
+@lru_cache(maxsize=None)
+def wide_case(kappa=2):
+    """The wide test's chains, the exact laws of its kappa + 1 positions, its trials (`trials_for` at TV_WIDE) and the
+    TV its tests flag: computed once per process for the three paths."""
+    P, Q = wide_pair()
+    laws = position_laws(P, kappa + 1)
+    trials = max(draws_for_law(law, TV_WIDE) for law in laws)
+    return P, Q, laws, trials, max(law_detectable_tv(law, trials) for law in laws)
 
 
 # --- distribution: every path, every position -----------------------------------------------------------------------
@@ -149,12 +171,12 @@ def test_distribution_narrow_vocab(method, recovery, use_draft_probs):
 @pytest.mark.slow
 @pytest.mark.parametrize("method,recovery", PATHS)
 def test_distribution_wide_vocab(method, recovery):
-    "V = 4096, kappa = 2: each position follows the target (each test flags TV_WIDE, pooled mass included)."
-    P, Q = wide_pair()
-    trials = trials_for(P, 3, TV_WIDE)
-    text = generate_text(sampler(method, recovery), P, Q, 2, trials, True, seed=6, chunk=4096)
-    assert flagged_tv(P, 3, trials) <= TV_WIDE
-    pvals = position_tests(text, P)
+    """V = 4096, kappa = 2: each position follows the target (each test flags TV_WIDE, pooled mass included). The
+    sampler runs unchecked, as in the engine (see the module docstring)."""
+    P, Q, laws, trials, flags = wide_case()
+    text = generate_text(sampler(method, recovery, check=False), P, Q, 2, trials, True, seed=6, chunk=WIDE_CHUNK)
+    assert flags <= TV_WIDE
+    pvals = position_tests(text, P, laws=laws)
     assert min(pvals) > LEVEL, pvals
 
 
