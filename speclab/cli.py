@@ -341,7 +341,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         E = shown.mean_acceptance_length
         print(f"Each target pass emitted {E:.2f} tokens on average, of a possible kappa + 1 = {args.kappa + 1} "
               f"(all {args.kappa} drafts accepted, plus the bonus token).\n")
-        print(f"measuring: each prompt decoded {args.repeats} times each way, interleaved, medians ...", flush=True)
+        times, medians = ("once", "") if args.repeats == 1 else (f"{args.repeats} times", ", medians")
+        print(f"measuring: each prompt decoded {times} each way, interleaved{medians} ...", flush=True)
         spec, plain, same = time_demo(eng, tok, DEMO_PROMPTS, [o.token_ids for o in outs], params, args.repeats)
     n = [len(o.token_ids) for o in outs]
     spec_s, plain_s = sum(a * b for a, b in zip(spec, n)), sum(a * b for a, b in zip(plain, n))
