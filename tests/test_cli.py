@@ -1,10 +1,11 @@
 """The `speclab` command as a new user meets it: every mistake answered with one line on stderr, no traceback,
 nothing fetched from the network; the shipped pair by name; the help text says the defaults.
 
-Each case runs the installed console script in a subprocess. Where this machine allows it (root and util-linux's
-`unshare`), the process runs in a fresh network namespace with no interfaces, so any attempt to reach the Hugging
-Face Hub fails at once and shows up as a wrong message; elsewhere the Hub's offline variables are cleared (speclab
-sets its own) and the output is checked for the retry lines a network attempt prints.
+Each case runs the installed console script in a subprocess, or, where several commands each load torch and the
+tokenizer, the console script's `main` for each of them in one child process (`speclab_runs`). Where this machine
+allows it (root and util-linux's `unshare`), the process runs in a fresh network namespace with no interfaces, so any
+attempt to reach the Hugging Face Hub fails at once and shows up as a wrong message; elsewhere the Hub's offline
+variables are cleared (speclab sets its own) and the output is checked for the retry lines a network attempt prints.
 """
 import json
 import os
@@ -32,6 +33,46 @@ def speclab(*argv, env=None, timeout=300):
     return r.returncode, r.stdout, r.stderr
 
 
+# One child process for several commands: each runs as the console script runs it (`sys.exit(main(argv))`, an uncaught
+# exception printed as a traceback), its stdout and stderr caught at the file descriptors, so whatever writes to them
+# (print, warnings, a logging handler made in an earlier run) lands in the run that wrote it.
+RUNS = r"""
+import json, os, sys, tempfile, traceback
+from speclab.cli import main
+fds, results = (os.dup(1), os.dup(2)), []
+for argv in json.loads(sys.argv[1]):
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            status = main(argv)
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            status = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        out.seek(0)
+        err.seek(0)
+        results.append((status, out.read(), err.read()))
+print(json.dumps(results))
+"""
+
+
+def speclab_runs(*argvs, timeout=600):
+    """Run several commands in one child process (network closed where possible): [(status, stdout, stderr)]. The
+    child pays torch's and transformers' imports once, not once per command (a demo costs about 3 CPU s after the
+    first one in a process, 11 as the first)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    r = subprocess.run([*NO_NET, sys.executable, "-c", RUNS, json.dumps(argvs)], capture_output=True, text=True,
+                       timeout=timeout, cwd=ROOT, env=base)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr[-4000:]
+    return [tuple(run) for run in json.loads(r.stdout.strip().splitlines()[-1])]
+
+
 def assert_one_line(status, out, err, *words, code=2):
     "Exit `code`, exactly one line on stderr holding every word, no traceback, no trace of a network attempt."
     assert status == code, (status, out[-2000:], err[-4000:])
@@ -43,8 +84,15 @@ def assert_one_line(status, out, err, *words, code=2):
 
 
 @pytest.fixture(scope="module")
-def empty_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("empty")
+def broken_checkpoints(tmp_path_factory):
+    "Three folders that are not checkpoints: empty, a damaged tokenizer, a tokenizer without config.json."
+    from speclab.train import tiny_pair_path
+
+    empty, damaged, no_config = (tmp_path_factory.mktemp(name) for name in ("empty", "damaged", "no_config"))
+    (damaged / "tokenizer.json").write_text("{}")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_pair_path("target") / name, no_config / name)
+    return empty, damaged, no_config
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -78,17 +126,14 @@ def test_mistake_is_one_line(argv, words):
     assert_one_line(*speclab(*argv), *words)
 
 
-def test_folder_that_is_not_a_checkpoint_names_the_file(empty_dir):
-    "An empty folder, a damaged tokenizer, a tokenizer without config.json: each named, in one line."
-    from speclab.train import tiny_pair_path
-
-    argv = ["generate", "--target", str(empty_dir), "--ngram", "2", "--prompt", "x"]
-    assert_one_line(*speclab(*argv), f"no tokenizer in {empty_dir}: expected tokenizer.json or tokenizer.model")
-    (empty_dir / "tokenizer.json").write_text("{}")
-    assert_one_line(*speclab(*argv), f"could not read the tokenizer in {empty_dir}")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tiny_pair_path("target") / name, empty_dir / name)
-    assert_one_line(*speclab(*argv), "checkpoint file not found", "config.json")
+def test_folder_that_is_not_a_checkpoint_names_the_file(broken_checkpoints):
+    "An empty folder, a damaged tokenizer, a tokenizer without config.json: each named, in one line (one child)."
+    empty, damaged, no_config = broken_checkpoints
+    argv = lambda folder: ["generate", "--target", str(folder), "--ngram", "2", "--prompt", "x"]
+    runs = speclab_runs(argv(empty), argv(damaged), argv(no_config))
+    assert_one_line(*runs[0], f"no tokenizer in {empty}: expected tokenizer.json or tokenizer.model")
+    assert_one_line(*runs[1], f"could not read the tokenizer in {damaged}")
+    assert_one_line(*runs[2], "checkpoint file not found", "config.json")
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA GPU")
@@ -105,12 +150,15 @@ def test_triton_without_a_gpu():
 
 
 def test_empty_prompt_goes_to_stderr_and_json():
-    status, out, err = speclab("generate", "--target", "tiny", "--ngram", "2", "--prompt", "")
+    "An empty prompt: one line on stderr, exit 1; with --json, an error entry beside the other prompt's output."
+    (status, out, err), json_run = speclab_runs(
+        ["generate", "--target", "tiny", "--ngram", "2", "--prompt", ""],
+        ["generate", "--target", "tiny", "--draft", "tiny", "--temperature", "0", "--json", "--max-tokens", "8",
+         "--prompt", "", "--prompt", "def f(x):"])
     assert_one_line(status, out, err, "speclab generate: error: prompt 1: ValueError: prompt must hold",
                     "at least one token", code=1)
     assert "SpecDecoding" not in out and "tokens/s" not in out, out
-    status, out, err = speclab("generate", "--target", "tiny", "--draft", "tiny", "--temperature", "0", "--json",
-                               "--max-tokens", "8", "--prompt", "", "--prompt", "def f(x):")
+    status, out, err = json_run
     assert status == 1 and len(err.splitlines()) == 1, err
     res = json.loads(out)
     assert [o["error"] is None for o in res["outputs"]] == [False, True]
@@ -138,13 +186,13 @@ def test_roofline_says_never_and_na():
 
 def test_demo_honours_top_k():
     """top-k = 1 at temperature 1 leaves one token to sample: the demo must then write exactly its greedy text. Twelve
-    tokens per prompt (six prompts) show it as well as the default 64, for a fifth of the decoding."""
+    tokens per prompt (six prompts) show it as well as the default 64, for a fifth of the decoding. The three demos
+    run in one child (`speclab_runs`: 21 CPU s as three console scripts, most of it imports)."""
     def text(out):
         return out[out.index("\n\n"):out.index("SpecDecoding")]
-    short = ("demo", "--repeats", "1", "--max-tokens", "12", "--threads", "1")
-    greedy = speclab(*short)
-    top1 = speclab(*short, "--temperature", "1", "--top-k", "1")
-    top2 = speclab(*short, "--temperature", "1", "--top-k", "50", "--seed", "3")
+    short = ["demo", "--repeats", "1", "--max-tokens", "12", "--threads", "1"]
+    greedy, top1, top2 = speclab_runs(short, [*short, "--temperature", "1", "--top-k", "1"],
+                                      [*short, "--temperature", "1", "--top-k", "50", "--seed", "3"])
     assert greedy[0] == top1[0] == top2[0] == 0, (greedy[2], top1[2], top2[2])
     assert text(top1[1]) == text(greedy[1])
     assert text(top2[1]) != text(greedy[1])  # the flag reaches the sampler: a wider top-k samples something else
