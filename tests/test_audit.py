@@ -58,15 +58,22 @@ def test_every_fault_has_a_case():
     assert set(FAULTS) - NOT_CAUGHT == {name for name, *_ in CASES}
 
 
+EXACT_BUDGET = 600      # every check of the plan gets requests (82 per server per law cell); see the test's docstring
+
+
 def test_exact_pair_passes(pair, tmp_path):
-    "Every check on the correct pair: exit 0, and the report says what was run."
-    report = audit(pair, None, budget=1_600, settings={**T1, **TOP_P}, penalties={"frequency0.8":
+    """Every check on the correct pair: exit 0, and the report says what was run. What this test claims is the level:
+    a correct pair passes every check with probability at least 0.99 whatever the budget, so the budget only has to
+    give every check its requests (EXACT_BUDGET; 1,600 until issue 25 cost 29 CPU s, most of it the two servers). The
+    power against faults is each planted fault's case below, at its own budget; the engine's law itself is tested at
+    TV 0.02 by tests/test_engine.py."""
+    report = audit(pair, None, budget=EXACT_BUDGET, settings={**T1, **TOP_P}, penalties={"frequency0.8":
                    PENALTIES["frequency0.8"]}, num_seeds=4, concurrency_n=30, prompts=DEFAULT_PROMPTS[:4])
     assert report["exit_code"] == 0, report["line"]
     assert report["line"].startswith("speclab audit: PASS")
     assert {c["check"]: c["status"] for c in report["checks"]} == dict.fromkeys(
         ["laws", "penalties", "concurrency", "seeds", "greedy"], "pass")
-    assert report["requests_sent"] <= 1_600 * 1.05 + 30
+    assert report["requests_sent"] <= EXACT_BUDGET * 1.05 + 30
     json.dumps(report)
 
 
