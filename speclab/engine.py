@@ -24,7 +24,7 @@ import torch
 
 from .kv import BlockManager, Request
 from .metadata import SpecDecodeMetadata
-from .model import Detokenizer, KVCache, Llama, forward, forward_paged, paged_batch, paged_cache
+from .model import Detokenizer, KVCache, Llama, forward, forward_paged, long_tensor, paged_batch, paged_cache
 from .roofline import SpecMetrics
 from .sampling import (PLACEHOLDER_TOKEN_ID, ProcessorRows, SamplingMetadata, draw_tokens, process_logits,
                               rejection_sampler, sampling_probs, token_counts)
@@ -201,6 +201,9 @@ class RequestState:
     def append(self, new: list[int]) -> tuple[list[int], str | None]:
         "Append a step's tokens up to the first stop (token, string) or max_tokens: (tokens kept, finish reason)."
         room = self.params.max_tokens - self.num_output_tokens
+        if self.detokenizer is None and self.stop_ids.isdisjoint(new[:room]):   # no stop can fire: one extend
+            self.token_ids += new[:room]
+            return new[:room], "length" if len(new) >= room else None
         for i, t in enumerate(new[:room]):
             self.token_ids.append(t)
             stopped = self.detokenizer is not None and self.detokenizer.push(t)
@@ -358,7 +361,7 @@ class ModelDrafter:
         "Feed each request's block of new tokens at draft positions starts[b], ...; logits of each block's last token."
         pb = paged_batch(blocks, starts, [r.block_table for r in batch], self.block_size,
                          self.model.head_weight.device, self.sliding_window)
-        last = torch.tensor([len(b) for b in blocks]).cumsum(0) - 1
+        last = long_tensor([len(b) for b in blocks]).cumsum(0) - 1
         return forward_paged(self.model, self.cache, pb, last.to(self.model.head_weight.device))
 
     def _draw(self, logits: torch.Tensor, batch: list[RequestState], all_greedy: bool,
@@ -378,7 +381,7 @@ class ModelDrafter:
                                                                              list[int]]:
         "Per request: kappa drafts, their q rows ([sum of kappas, V], request by request), draft positions now cached."
         K = max(kappas, default=0)
-        kap = torch.tensor(kappas)
+        kap = long_tensor(kappas)
         toks = torch.zeros(len(batch), K, dtype=torch.int64)
         qs, keys = [], []
         computed = [len(r.token_ids) for r in batch]                       # after the catch-up below
@@ -902,7 +905,7 @@ class ModelRunner:
             out = sample_plain(logits, params, [r.target_gen for r in batch], rows)[:, None]
             num_draft_tokens = [0] * len(batch)
         else:
-            cu_num_scheduled_tokens = torch.tensor([len(b) for b in blocks]).cumsum(0)
+            cu_num_scheduled_tokens = long_tensor([len(b) for b in blocks]).cumsum(0)
             md = SpecDecodeMetadata.from_drafts(drafts, cu_num_scheduled_tokens, device=self.device, check=False)
             run_target = getattr(self.drafter, "forward_target", forward_paged)  # EAGLE keeps the target's features
             logits = run_target(self.target, self.cache, pb, md.logits_indices)

@@ -279,7 +279,7 @@ class BlockManager:
         drafts = _check_tokens(draft_tokens, "draft_tokens") if self.check else draft_tokens
         hits, fresh = self._plan(r, len(drafts))  # after reserve(req_id, k >= len(drafts)): no hits, fresh == 0
         start = len(hits) * self.block_size if not r.block_ids else r.num_computed_tokens
-        if any(b == FREED for b in r.block_ids[start // self.block_size:]):
+        if FREED in r.block_ids[start // self.block_size:]:
             raise ValueError(f"request {req_id!r} must write position {start}, "
                              "whose block the sliding window already freed")
         self._grow(r, hits, fresh)

@@ -5,9 +5,9 @@
 # %% auto #0
 __all__ = ['ROPE_TYPES', 'DEFAULT_ROPE_THETA', 'PACKED_MODULES', 'Attend', 'TOKENIZER_FILES', 'LlamaArgs', 'rope_inv_freq',
            'rope_cos_sin', 'apply_rope', 'packed_rows', 'RMSNorm', 'Llama', 'hf_state_dict', 'pack_state_dict', 'mlp',
-           'decoder_layer', 'KVCache', 'cache_attend', 'forward', 'PagedBatch', 'paged_batch', 'paged_cache',
-           'paged_attend', 'paged_logits', 'forward_paged', 'compile_paged', 'checkpoint_folder', 'load_state_dict',
-           'load_model', 'load_tokenizer', 'generate', 'Detokenizer']
+           'decoder_layer', 'KVCache', 'cache_attend', 'forward', 'PagedBatch', 'long_tensor', 'paged_batch',
+           'paged_cache', 'paged_attend', 'paged_logits', 'forward_paged', 'compile_paged', 'checkpoint_folder',
+           'load_state_dict', 'load_model', 'load_tokenizer', 'generate', 'Detokenizer']
 
 # %% ../nbs/07_model.ipynb #ee87f1eb
 import itertools
@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -353,15 +354,19 @@ def _check_paged_batch(blocks, starts, block_tables, block_size, sliding_window)
             raise ValueError(f"block_tables[{b}] holds {len(table)} block(s) ({len(table) * block_size} positions) "
                              f"but request {b} feeds up to position {end - 1}")
 
+def long_tensor(lists: list) -> torch.Tensor:
+    "`torch.tensor(lists)` for (nested) lists of Python ints, through numpy: several times faster on long lists."
+    return torch.from_numpy(np.array(lists, dtype=np.int64))
+
 def _ids(lists, low):
     "lists as one int64 tensor when every entry is an int >= low, else None (the caller then names the culprit)."
     try:
-        ids = torch.tensor(lists)
-    except (TypeError, ValueError, RuntimeError, OverflowError):
+        ids = np.array(lists)                  # numpy reads a long list of ints ~5x faster than torch.tensor
+    except (TypeError, ValueError, OverflowError):
         return None
-    if ids.dtype != torch.int64 or int(ids.min()) < low:
+    if ids.dtype != np.int64 or int(ids.min()) < low:
         return None
-    return ids
+    return torch.from_numpy(ids)
 
 def _first_bad(lists, ok):
     "Index of the first list with an entry that fails ok: the slow path, walked only after a bulk check failed."
@@ -385,9 +390,9 @@ def _touched_blocks(starts, ends, first_keys, block_tables, block_size, sliding_
 def _group(n, query_lens, first_rows, ends, first_keys, key_slots, mask, device):
     "The requests that feed n tokens: their flat rows, the slots of their keys, and their mask (None: not needed)."
     members = [b for b, m in enumerate(query_lens) if m == n]
-    rows = torch.tensor([first_rows[b] + i for b in members for i in range(n)], device=device)
+    rows = long_tensor([first_rows[b] + i for b in members for i in range(n)]).to(device)
     widths = [ends[b] - first_keys[b] for b in members]
-    index = torch.tensor(members)
+    index = long_tensor(members)
     group_mask = None
     if n > 1 or min(widths) < max(widths):
         group_mask = mask[index, :, :n, :max(widths)].to(device)
@@ -432,7 +437,7 @@ def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[l
     L = max(e - f for e, f in zip(ends, first_keys))                   # the keys of the widest request
     first_rows = list(itertools.accumulate(query_lens, initial=0))[:-1]
     last_rows = [f + n - 1 for f, n in zip(first_rows, query_lens)]
-    per_request = torch.tensor([first_keys, ends, starts, query_lens, last_rows])
+    per_request = long_tensor([first_keys, ends, starts, query_lens, last_rows])
     key_pos = per_request[0, :, None] + torch.arange(L)                # [B, L]
     real_pos = torch.minimum(key_pos, per_request[1, :, None] - 1)
     key_slots = table.gather(1, real_pos // block_size) * block_size + real_pos % block_size
