@@ -25,7 +25,7 @@ pooled). Each test draws, for each setting, the fewest requests at which its tes
 probability POWER = 0.999, pooled mass included (Chapter 1's `draws_for_law` and `law_detectable_tv`): TV_FIELDS = 0.12
 in one batch (from 2,460 requests for min_p to 9,000 for the repetition penalty, 47,103 per drafter; until issue 25
 every setting drew the largest size, 72,000 in all) and TV_FIELDS_EVENTS = 0.2 through prefix hits and preemption
-(1,252 to 4,694, 22,878 in all; thousands of preemptions per run). The targets are sized to the planted bugs: measured
+(1,252 to 4,694, 22,878 in all; 1,000+ preemptions per run). The targets are sized to the planted bugs: measured
 with the model drafter, they move the law by TV 0.13 to 0.61 (missing drafts on the repetition penalty is the
 smallest), so each is caught with probability 0.999 at the one-batch sizes of the settings it breaks, and each must
 give p < LEVEL there. (The first version of this file drew 6,000 and 2,000 requests and stated 0.085 and 0.13, ignoring
@@ -33,8 +33,11 @@ the pooled mass; with it counted, those sizes promised only 0.17 and 0.38.) This
 (TV 0.02, tests/test_engine.py), which tests the same sampler and verify path at full power without fields; what these
 tests add is each position's history, and a wrong history moves the law by more than these targets. (With the n-gram
 drafter a repetition-penalty history bug is invisible here: its drafts are prompt tokens, already penalised; so the
-bugs run with the model drafter.) About 105 CPU seconds for the whole file (170 before). SPECLAB_FIELDS_TV scales both
-targets for a quick local loop (above 1 the bounds are not asserted).
+bugs run with the model drafter.) About 105 CPU seconds for the whole file (170 before). The greedy fillers of the
+preemption runs emit 12 tokens: 1,602 preemptions with the model drafter and 4,083 with the n-gram one, where one
+suffices (16 until issue 25: about three times as many, and a fifth more of the model drafter's run; 8 preempts
+nothing), and each setting's size is computed once per process (`draw_size`), whichever subset of settings asks.
+SPECLAB_FIELDS_TV scales both targets for a quick local loop (above 1 the bounds are not asserted).
 """
 import os
 import zlib
@@ -96,7 +99,7 @@ def sampled(name: str) -> SamplingParams:
 def greedy(name: str) -> SamplingParams:
     "The setting's fields at temperature 0; 'filler': long greedy requests with penalties that never stop early."
     if name == "filler":
-        return SamplingParams(temperature=0, max_tokens=16, presence_penalty=0.4, frequency_penalty=0.6,
+        return SamplingParams(temperature=0, max_tokens=12, presence_penalty=0.4, frequency_penalty=0.6,
                               repetition_penalty=1.2, logit_bias={5: 0.5})
     return SamplingParams(**{**FIELDS[name], "temperature": 0, "max_tokens": GREEDY_MAX_TOKENS})
 
@@ -114,9 +117,14 @@ def canonical(tokens: np.ndarray, stop_ids: tuple) -> np.ndarray:
 
 
 @lru_cache(maxsize=None)
+def draw_size(name: str, tv: float) -> int:
+    "The fewest requests of a setting at which its test flags a TV bias of `tv` with probability POWER."
+    return draws_for_law(law(name), tv)
+
+
 def draws(tv: float, names: tuple = tuple(NAMES)) -> tuple[int, ...]:
-    "Requests per setting: for each, the fewest at which its test flags a TV bias of `tv` with probability POWER."
-    return tuple(draws_for_law(law(name), tv) for name in names)
+    "Requests per setting of `names`: each setting's `draw_size`."
+    return tuple(draw_size(name, tv) for name in names)
 
 
 @lru_cache(maxsize=None)
@@ -216,7 +224,7 @@ def make_drafter(name: str):
 
 
 CONFIGS = {"one-batch": dict(block_size=16),
-           "preemption": dict(block_size=2, num_blocks=900, max_num_seqs=512)}   # picked by trying: ~500 preemptions
+           "preemption": dict(block_size=2, num_blocks=900, max_num_seqs=512)}   # picked by trying, with the fillers
 
 
 @lru_cache(maxsize=None)
