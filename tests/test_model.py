@@ -282,3 +282,29 @@ def test_paged_forward_on_cuda_matches_cpu():
     ref = cached_walk(model, seqs, feeds)
     got, _ = paged_walk(model.cuda(), seqs, feeds, block_size=4, sliding_window=None)
     assert max(float((a.cpu() - b).abs().max()) for a, b in zip(got, ref)) < 1e-8
+
+
+def test_load_tokenizer_builds_what_autotokenizer_builds(tmp_path):
+    """The shipped pair's tokenizer (a Llama checkpoint naming the fast class) is built without the Auto classes, and
+    is the tokenizer AutoTokenizer builds: same class, ids, text and special tokens. A folder naming another class, or
+    with another model type, still goes through AutoTokenizer."""
+    from transformers import AutoTokenizer
+
+    from speclab.model import _tokenizer_class, load_tokenizer
+    from speclab.train import tiny_pair_path
+    folder = tiny_pair_path("target")
+    ours, auto = load_tokenizer(folder), AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    assert type(ours) is type(auto) and type(ours).__name__ == "TokenizersBackend"
+    text = "def add(a, b):\n    return a + b  # héllo € 日本"
+    assert ours(text)["input_ids"] == auto(text)["input_ids"]
+    ids = auto(text)["input_ids"]
+    assert ours.decode(ids) == auto.decode(ids) == text
+    assert (ours.eos_token_id, ours.bos_token_id, ours.chat_template) == (auto.eos_token_id, auto.bos_token_id,
+                                                                         auto.chat_template)
+    assert ours.get_vocab() == auto.get_vocab()
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        (tmp_path / name).write_bytes((folder / name).read_bytes())
+    assert _tokenizer_class(tmp_path) is type(auto)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "qwen2"}))
+    assert _tokenizer_class(tmp_path) is AutoTokenizer
