@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,8 @@ for argv in json.loads(sys.argv[1]):
         out.seek(0)
         err.seek(0)
         results.append((status, out.read(), err.read()))
-print(json.dumps(results))
+with open(sys.argv[2], "w") as f:
+    json.dump(results, f)
 """
 
 
@@ -67,10 +69,12 @@ def speclab_runs(*argvs, timeout=600):
     child pays torch's and transformers' imports once, not once per command (a demo costs about 3 CPU s after the
     first one in a process, 11 as the first)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
-    r = subprocess.run([*NO_NET, sys.executable, "-c", RUNS, json.dumps(argvs)], capture_output=True, text=True,
-                       timeout=timeout, cwd=ROOT, env=base)
-    assert r.returncode == 0 and r.stdout.strip(), r.stderr[-4000:]
-    return [tuple(run) for run in json.loads(r.stdout.strip().splitlines()[-1])]
+    with tempfile.TemporaryDirectory() as tmp:
+        results = Path(tmp) / "runs.json"
+        r = subprocess.run([*NO_NET, sys.executable, "-c", RUNS, json.dumps(argvs), str(results)], capture_output=True,
+                           text=True, timeout=timeout, cwd=ROOT, env=base)
+        assert r.returncode == 0 and results.exists(), (r.stdout[-2000:], r.stderr[-4000:])
+        return [tuple(run) for run in json.loads(results.read_text())]
 
 
 def assert_one_line(status, out, err, *words, code=2):
