@@ -15,6 +15,7 @@ import subprocess
 import sys
 import zipfile
 from configparser import ConfigParser
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -83,15 +84,73 @@ def test_notebooks_found():
     assert Path("nbs/index.ipynb") in NOTEBOOKS, NOTEBOOKS
 
 
-@pytest.mark.parametrize("nb", NOTEBOOKS, ids=str)
+# Notebooks that share one nbdev_test process, as `nbdev_test --n_workers 0` runs several: each process pays about
+# 3 CPU s of imports (nbdev, execnb, torch, matplotlib, the engine) before its first cell, and most notebooks run for
+# under 20 s. The two heaviest (08, 09c) run alone. Each notebook still runs in a fresh namespace and is its own test;
+# a group's notebooks go to one xdist worker (xdist_group), so the group runs once.
+NOTEBOOK_GROUPS = (
+    ("nbs/07b_train.ipynb", "nbs/04_kernels.ipynb", "nbs/90_cli.ipynb"),
+    ("nbs/03_sampling.ipynb", "nbs/09_acceptance.ipynb", "nbs/01_proof.ipynb"),
+    ("nbs/10_grading.ipynb", "nbs/07_model.ipynb", "nbs/index.ipynb", "nbs/12_eagle.ipynb"),
+    ("nbs/11_serve.ipynb", "nbs/95_testing.ipynb", "nbs/06_kv.ipynb", "nbs/02_roofline.ipynb", "nbs/09d_remote.ipynb",
+     "nbs/05_metadata.ipynb", "nbs/13_audit.ipynb", "nbs/09b_vllm_io.ipynb"),
+)
+GROUP_OF = {Path(nb): group for group in NOTEBOOK_GROUPS for nb in group}
+RUN_GROUP = """
+import json, os, sys
+from pathlib import Path
+from nbdev.config import get_config
+from nbdev.test import test_nb
+cfg = get_config()
+os.chdir(cfg.nbs_path)                                    # where nbdev_test runs notebooks from
+passed = {}
+for nb in sys.argv[2:]:
+    print(f"=== {nb}", flush=True)
+    passed[nb] = test_nb(Path(cfg.config_path) / nb, skip_flags=cfg.tst_flags.split(), force_flags=sys.argv[1].split(),
+                         basepath=cfg.config_path, do_print=True)[0]
+print("RESULT " + json.dumps(passed))
+"""
+
+
+def notebook_flags() -> str:
+    "The flags test_notebook_runs passes (SPECLAB_NBDEV_FLAGS, default 'slow': `#| cuda` cells only when asked for)."
+    return os.environ.get("SPECLAB_NBDEV_FLAGS", "slow")
+
+
+@lru_cache(maxsize=None)
+def run_notebook_group(group: tuple[str, ...]) -> tuple[dict, str]:
+    "Run a group's notebooks one after another in one process: ({notebook: passed}, the process's output)."
+    r = run([BIN / "python", "-c", RUN_GROUP, notebook_flags(), *group], cwd=ROOT, timeout=3600)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
+    return (json.loads(line[len("RESULT "):]) if line else {}), output(r)
+
+
+def notebook_param(nb):
+    group = GROUP_OF.get(nb)
+    marks = [pytest.mark.xdist_group("notebooks-" + Path(group[0]).stem)] if group else []
+    return pytest.param(nb, marks=marks, id=str(nb))
+
+
+@pytest.mark.parametrize("nb", [notebook_param(nb) for nb in NOTEBOOKS])
 def test_notebook_runs(nb):
     "Every notebook executes under nbdev_test, its `#| slow` cells included (`#| cuda` cells only when asked for)."
+    group = GROUP_OF.get(nb)
+    if group is not None:
+        passed, out = run_notebook_group(group)
+        assert passed.get(str(nb)) is True, f"nbdev_test failed on {nb} (run with {', '.join(group)})\n{out}"
+        return
     cmd = [BIN / "nbdev_test", "--path", nb, "--do_print"]
-    flags = os.environ.get("SPECLAB_NBDEV_FLAGS", "slow")
-    if flags.strip():
-        cmd += ["--flags", flags]
+    if notebook_flags().strip():
+        cmd += ["--flags", notebook_flags()]
     r = run(cmd, cwd=ROOT, timeout=3600)
     assert r.returncode == 0, f"nbdev_test failed on {nb}\n{output(r)}"
+
+
+def test_every_notebook_runs_alone_or_in_one_group():
+    "A notebook in two groups would run twice; a group naming a notebook that is gone would hide a typo."
+    grouped = [Path(nb) for group in NOTEBOOK_GROUPS for nb in group]
+    assert len(grouped) == len(set(grouped)), grouped
+    assert set(grouped) <= set(NOTEBOOKS), set(grouped) - set(NOTEBOOKS)
 
 
 @pytest.mark.parametrize("tool", ["nbdev_export", "nbdev_clean"])
@@ -187,12 +246,14 @@ def test_wheel_builds_and_installs_without_dev_tools(tmp_path, repo_files, setti
     venv, cwd = tmp_path / "venv", tmp_path / "elsewhere"  # cwd without speclab/ so the source tree can't leak in
     cwd.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    r = run([sys.executable, "-m", "venv", venv], cwd=cwd, env=env)
+    # a bare venv (no pip, no setuptools: only what the wheel brings), which the pip running this test installs into
+    # (`--python`): ensurepip's copy of pip there would cost about 6 CPU-s and is not what the test is about
+    r = run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=cwd, env=env)
     assert r.returncode == 0, output(r)
     # --no-compile: no bytecode for every installed file up front (torch alone has thousands); what runs compiles its
     # own, as it imports
-    r = run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--no-compile", wheel], cwd=cwd, env=env,
-            timeout=1800)
+    r = run([sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "--quiet", "--no-compile",
+             wheel], cwd=cwd, env=env, timeout=1800)
     assert r.returncode == 0, f"pip install of the wheel failed\n{output(r)}"
 
     r = run([venv / "bin" / "python", "-c", "import speclab, speclab.proof; print(speclab.__file__)\n"
