@@ -64,11 +64,11 @@ with open(sys.argv[2], "w") as f:
 """
 
 
-def speclab_runs(*argvs, timeout=600):
+def speclab_runs(*argvs, env=None, timeout=600):
     """Run several commands in one child process (network closed where possible): [(status, stdout, stderr)]. The
     child pays torch's and transformers' imports once, not once per command (a demo costs about 3 CPU s after the
     first one in a process, 11 as the first)."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))} | (env or {})
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp) / "runs.json"
         r = subprocess.run([*NO_NET, sys.executable, "-c", RUNS, json.dumps(argvs), str(results)], capture_output=True,
@@ -140,17 +140,26 @@ def test_folder_that_is_not_a_checkpoint_names_the_file(broken_checkpoints):
     assert_one_line(*runs[2], "checkpoint file not found", "config.json")
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA GPU")
-@pytest.mark.parametrize("command", [["generate", "--target", "tiny", "--ngram", "2", "--prompt", "x"], ["demo"]])
-def test_cuda_without_a_gpu(command):
-    assert_one_line(*speclab(*command, "--device", "cuda"), "--device cuda", "use --device cpu")
+NO_GPU = (("generate", "--target", "tiny", "--ngram", "2", "--prompt", "x", "--device", "cuda"),
+          ("demo", "--device", "cuda"), ("demo", "--backend", "triton"))
+
+
+@pytest.fixture(scope="module")
+def no_gpu_runs():
+    """The three refusals of a GPU this machine lacks, in one child (each imports torch to ask): {argv: result}.
+    TRITON_INTERPRET=0 for all three; only the Triton refusal reads it."""
+    return dict(zip(NO_GPU, speclab_runs(*map(list, NO_GPU), env={"TRITON_INTERPRET": "0"})))
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA GPU")
-def test_triton_without_a_gpu():
-    env = {"TRITON_INTERPRET": "0"}
-    assert_one_line(*speclab("demo", "--backend", "triton", env=env), "--backend triton needs a CUDA GPU",
-                    "TRITON_INTERPRET=1")
+@pytest.mark.parametrize("command", NO_GPU[:2], ids=["generate", "demo"])
+def test_cuda_without_a_gpu(command, no_gpu_runs):
+    assert_one_line(*no_gpu_runs[command], "--device cuda", "use --device cpu")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_triton_without_a_gpu(no_gpu_runs):
+    assert_one_line(*no_gpu_runs[NO_GPU[2]], "--backend triton needs a CUDA GPU", "TRITON_INTERPRET=1")
 
 
 def test_empty_prompt_goes_to_stderr_and_json():
