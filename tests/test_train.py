@@ -7,14 +7,15 @@ trained it (tests/test_portable.py runs this file against a substituted standard
 import json
 import math
 import shutil
+import sysconfig
 
 import pytest
 import torch
 
 from speclab.model import forward, generate, KVCache, load_model, load_tokenizer
 from speclab.testing import parity_error
-from speclab.train import (encode_texts, eval_loss, eval_prompts, greedy_acceptance, main, read_corpus,
-                           shipped_heldout_ids, tiny_pair_path)
+from speclab.train import (corpus_files, encode_texts, eval_loss, eval_prompts, greedy_acceptance, is_heldout, main,
+                           read_corpus, shipped_heldout_ids, tiny_pair_path)
 
 pytestmark = pytest.mark.xdist_group("train")   # one worker: its module fixtures are built once
 
@@ -110,18 +111,43 @@ def test_bad_checkpoint_copies(tmp_path, edit, match):
     with pytest.raises(FileNotFoundError, match="model.safetensors"): load_model(d)
 
 
-def test_train_script_end_to_end_and_resume(tmp_path):
-    """A tiny run of the real script (stdlib corpus, BPE, 12-layer target, distilled draft), then a rerun that resumes."""
-    argv = ["--out", str(tmp_path), "--target-steps", "2", "--draft-steps", "2", "--seq-len", "32", "--batch-size", "2",
+SAMPLE_EVERY = 8   # the end-to-end run trains on every held-out file and one training file in 8
+
+
+@pytest.fixture
+def sampled_stdlib(tmp_path, monkeypatch):
+    """The standard library as the script sees it, cut to a sample (every held-out file, one training file in
+    SAMPLE_EVERY, same relative paths): the script does the same work on a sixth of the text, whose encoding is
+    most of its cost. Sampled from the library `sysconfig` names, so tests/test_portable.py's substitute is used."""
+    root, files = corpus_files()
+    lib = tmp_path / "stdlib-sample"
+    train = [f for f in files if not is_heldout(f.relative_to(root))]
+    kept = [f for f in files if is_heldout(f.relative_to(root))] + train[::SAMPLE_EVERY]
+    for f in kept:
+        dest = lib / f.relative_to(root)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, dest)
+    get_paths = sysconfig.get_paths
+    monkeypatch.setattr(sysconfig, "get_paths", lambda *a, **k: {**get_paths(*a, **k), "stdlib": str(lib)})
+    split, _ = read_corpus()
+    assert split["heldout"] and len(split["train"]) == len(train[::SAMPLE_EVERY]), "the sample is not the corpus read"
+    return lib
+
+
+def test_train_script_end_to_end_and_resume(tmp_path, sampled_stdlib):
+    """A tiny run of the real script (a sample of the stdlib corpus, BPE, 12-layer target, distilled draft), then a
+    rerun that resumes."""
+    out = tmp_path / "pair"
+    argv = ["--out", str(out), "--target-steps", "2", "--draft-steps", "2", "--seq-len", "32", "--batch-size", "2",
             "--vocab-size", "512", "--no-progress"]
     log = main(argv)
     assert [e["step"] for e in log["target"]] == [1, 2] and [e["step"] for e in log["draft"]] == [1, 2]
-    target, draft, tok = load_model(tmp_path / "target"), load_model(tmp_path / "draft"), load_tokenizer(tmp_path / "draft")
+    target, draft, tok = load_model(out / "target"), load_model(out / "draft"), load_tokenizer(out / "draft")
     assert target.args.num_layers == 12 and draft.args.num_layers == 2 and len(tok) == 512
     before = {k: v.clone() for k, v in target.state_dict().items()}
     log2 = main(argv)                                         # resumes: both checkpoints are complete, nothing retrains
     assert log2["target"] == log["target"] and log2["draft"] == log["draft"]
-    after = load_model(tmp_path / "target").state_dict()
+    after = load_model(out / "target").state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
