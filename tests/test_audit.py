@@ -66,7 +66,7 @@ def test_exact_pair_passes(pair, tmp_path):
     a correct pair passes every check with probability at least 0.99 whatever the budget, so the budget only has to
     give every check its requests (EXACT_BUDGET; 1,600 until issue 25 cost 29 CPU s, most of it the two servers). The
     power against faults is each planted fault's case below, at its own budget; the engine's law itself is tested at
-    TV 0.02 by tests/test_engine.py."""
+    a three-token TV of 0.03 by tests/test_engine.py."""
     report = audit(pair, None, budget=EXACT_BUDGET, settings={**T1, **TOP_P}, penalties={"frequency0.8":
                    PENALTIES["frequency0.8"]}, num_seeds=4, concurrency_n=30, prompts=DEFAULT_PROMPTS[:4])
     assert report["exit_code"] == 0, report["line"]
