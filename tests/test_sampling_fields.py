@@ -34,9 +34,10 @@ the pooled mass; with it counted, those sizes promised only 0.17 and 0.38.) This
 fields; what these tests add is each position's history, and a wrong history moves the law by more than these
 targets. (With the n-gram drafter a repetition-penalty history bug is invisible here: its drafts are prompt tokens,
 already penalised; so the bugs run with the model drafter.) About 105 CPU seconds for the whole file (170 before).
-The greedy fillers of the preemption runs emit 12 tokens: 1,602 preemptions with the model drafter and 4,083 with the n-gram one, where one
-suffices (16 until issue 25: about three times as many, and a fifth more of the model drafter's run; 8 preempts
-nothing), and each setting's size is computed once per process (`draw_size`), whichever subset of settings asks.
+The greedy fillers of the preemption runs emit 12 tokens: 1,602 preemptions with the model drafter and 4,083 with the
+n-gram one, where one suffices (16 until issue 25: about three times as many, and a fifth more of the model drafter's
+run; 8 preempts nothing), and each setting's size is computed once per process (`draw_size`), whichever subset of
+settings asks.
 SPECLAB_FIELDS_TV scales both targets for a quick local loop (above 1 the bounds are not asserted).
 """
 import os
