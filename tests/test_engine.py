@@ -23,8 +23,8 @@ grid needs 395,645 requests a cell and cost 1,015 CPU seconds of a 32-minute sui
 times that on the project's slower Intel machines, over CI's limit with the rest), so the grid trades that last third
 of power for time, and says so. The first version of the grid drew 100,000 requests per setting (TV 0.021 to 0.023 on
 the 512-outcome laws, 0.014 on the 27-outcome ones). A sample costs one request of Python bookkeeping in the engine,
-about 0.4 ms of CPU with this round's logits-processor stage in the path (requests go 25,000 to a generate call, and
-each step draws all unseeded rows in one call per generator). SPECLAB_ENGINE_TV=0.06 runs the same grid at a tenth
+0.1 to 0.2 ms of CPU (requests go 25,000 to a generate call, each step draws all unseeded rows in one call per
+generator, and Python's cycle collector is paused during the call: `cycle_collector_paused`). SPECLAB_ENGINE_TV=0.06 runs the same grid at a tenth
 of the draws, for a quick local loop. The four settings' requests are shuffled together (a fixed permutation), so
 every batch mixes them; each (kappa, drafter) cell is one xdist group, so its counts, shared by its four tests and the
 planted-bug test, are computed once.
