@@ -51,15 +51,14 @@ def site(tmp_path_factory):
     """(folder, site.json) of a fresh offline build by README's build line, into its own `_docs` and `_proc`.
 
     The working directory is a temporary folder holding only those two, so README's serve line (`-d _docs`)
-    serves this build. One worker process (`--jobs 1`): the suite's xdist workers already keep the cores busy, and
-    each extra worker pays nbdev's and the chapters' imports again (measured: 6 CPU-s more for the same site)."""
+    serves this build."""
     for mod in ("sphinx", "myst_nb", "furo", "playwright"):
         pytest.importorskip(mod, reason=f"{mod} is not installed (pip install -e '.[dev]')")
     tmp = tmp_path_factory.mktemp("site")
     out = tmp / "_docs"
     build, _ = website_commands()
     cmd = shlex.split(build.replace("tools/build_site.py", str(ROOT / "tools" / "build_site.py")))
-    cmd += ["--offline", "--out", str(out), "--proc", str(tmp / "_proc"), "--jobs", "1"]
+    cmd += ["--offline", "--out", str(out), "--proc", str(tmp / "_proc")]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, f"build failed:\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"
     return out, json.loads((out / "site.json").read_text(encoding="utf-8"))
