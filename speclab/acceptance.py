@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import optimize, stats
 
 from .roofline import SpecMetrics
 from .proof import chi_square_gof
@@ -101,6 +100,7 @@ def fit_alpha(m: SpecMetrics, level: float = 0.95) -> AlphaFit:
     alpha = A / (A + R)
     se = math.sqrt(alpha * (1 - alpha) / (A + R))
     top = _loglik(alpha, A, R)
+    from scipy import optimize, stats  # scipy loads on first use, not with the sweep, the CLI or the server
     drop = stats.chi2.ppf(level, 1) / 2
     inside = lambda a: _loglik(a, A, R) - top + drop             # > 0 inside the interval
     low = 0.0 if A == 0 else optimize.brentq(inside, 1e-300, alpha)
@@ -163,5 +163,6 @@ def iid_test(m: SpecMetrics, alpha: float | None = None) -> IidTest:
             residual = (observed - expected) / math.sqrt(expected) if expected > 0 else math.inf * (observed > 0)
             cells.append((kappa, k, int(observed), float(expected), float(residual)))
     df = df - fitted
+    from scipy import stats  # scipy loads on first use
     p_value = float(stats.chi2.sf(statistic, df)) if df > 0 else math.nan
     return IidTest(alpha, fitted, statistic, df, p_value, cells, _position_residuals(m, alpha))
