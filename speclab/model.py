@@ -143,17 +143,30 @@ def _layer(a):
     layer.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
     return layer
 
+def _on_meta() -> bool:
+    """Inside `with torch.device("meta")`, where load_model builds a model to assign the checkpoint's tensors to: a
+    meta tensor holds no values, and meta's Python decompositions (normal_, a division) import torch._dynamo on first
+    use, about 1.6 CPU s in every process that loads a model. So the constructor skips computing what it would fill."""
+    return torch.get_default_device().type == "meta"
+
+def _embedding(num, dim):
+    "nn.Embedding, its weight not drawn on the meta device."
+    if _on_meta():
+        return nn.Embedding(num, dim, _weight=torch.empty(num, dim))
+    return nn.Embedding(num, dim)
+
 class Llama(nn.Module):
     "Weights of a Llama decoder under Hugging Face names, q/k/v and gate/up fused; the forwards below run it."
     def __init__(self, args: LlamaArgs):
         super().__init__()
         self.args = args
         self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.model.embed_tokens = _embedding(args.vocab_size, args.hidden_size)
         self.model.layers = nn.ModuleList(_layer(args) for _ in range(args.num_layers))
         self.model.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.lm_head = None if args.tied_embeddings else _linear(args.hidden_size, args.vocab_size, False)
-        self.register_buffer("inv_freq", rope_inv_freq(args), persistent=False)
+        inv_freq = torch.empty(args.head_dim // 2) if _on_meta() else rope_inv_freq(args)    # load_model sets it
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.compiled_paged_logits = None    # paged_logits under torch.compile, once compile_paged has run
 
     @property

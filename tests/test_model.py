@@ -308,3 +308,18 @@ def test_load_tokenizer_builds_what_autotokenizer_builds(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "qwen2"}))
     assert _tokenizer_class(tmp_path) is AutoTokenizer
+
+
+def test_loading_the_shipped_pair_imports_nothing_heavy():
+    """What every CLI command, server and chapter pays before its first token: loading a checkpoint and its tokenizer
+    and importing the sweep must not import torch._dynamo (meta-device decompositions did, 1.6 CPU s), transformers'
+    Auto registry (1.4 CPU s) or scipy (0.7 CPU s; the statistics import it where they use it). A fresh process."""
+    import subprocess
+    import sys
+    code = ("import sys; from speclab.model import load_model, load_tokenizer; from speclab.train import tiny_pair_path;"
+            " import speclab.sweep, speclab.serve, speclab.cli;"
+            " load_model(tiny_pair_path('target')); load_tokenizer(tiny_pair_path('target'));"
+            " print(sorted(m for m in ('torch._dynamo', 'transformers.models.auto', 'scipy') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout
