@@ -24,10 +24,10 @@ times that on the project's slower Intel machines, over CI's limit with the rest
 of power for time, and says so. The first version of the grid drew 100,000 requests per setting (TV 0.021 to 0.023 on
 the 512-outcome laws, 0.014 on the 27-outcome ones). A sample costs one request of Python bookkeeping in the engine,
 0.1 to 0.2 ms of CPU (requests go 25,000 to a generate call, each step draws all unseeded rows in one call per
-generator, and Python's cycle collector is paused during the call: `cycle_collector_paused`). SPECLAB_ENGINE_TV=0.06 runs the same grid at a tenth
-of the draws, for a quick local loop. The four settings' requests are shuffled together (a fixed permutation), so
-every batch mixes them; each (kappa, drafter) cell is one xdist group, so its counts, shared by its four tests and the
-planted-bug test, are computed once.
+generator, and Python's cycle collector is paused during the call: `cycle_collector_paused`). SPECLAB_ENGINE_TV=0.06
+runs the same grid at a tenth of the draws, for a quick local loop. The four settings' requests are shuffled together
+(a fixed permutation), so every batch mixes them; each (kappa, drafter) cell is one xdist group, so its counts, shared
+by its four tests and the planted-bug test, are computed once.
 
 * triton: the same grid would cost hours of the interpreter, so the law is carried over from torch: for all 6
   (kappa, drafter) pairs, with all four settings and seeded requests in the batch and the same engine seed, the triton
@@ -43,17 +43,15 @@ SamplingParams accepts decodes, max_tokens and stop tokens are exact, the metric
 a scripted drafter, bad requests fail alone, bad arguments raise naming the argument. The synthetic (timing) mode
 is checked in tests/test_acceptance.py (it is Chapter 9's benchmark component, not part of the engine).
 """
-import gc
 import os
 import re
 import zlib
-from contextlib import contextmanager
 from functools import lru_cache
 
 import numpy as np
 import pytest
 
-from speclab.engine import DRAFT_SALT, ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder
+from speclab.engine import DRAFT_SALT, ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder, cycle_collector_paused
 from speclab.model import generate as plain_generate
 from speclab.proof import LEVEL, chi_square_gof, detectable_tv, draws_for_law
 from speclab.testing import sequence_law, tiny_random_pair
@@ -136,21 +134,6 @@ def first_three_counts(eng, batch, setting, greedy_ref, num_settings):
     return counts
 
 
-@contextmanager
-def cycle_collector_paused():
-    """Pause Python's cycle collector while an engine serves a 25,000-request call. The requests' objects all survive
-    until the call ends, so the heap grows by hundreds of thousands of objects and the collector runs a full
-    collection each time it grows by a quarter, each one walking the whole heap: 11 of them took 26% of a kappa-5
-    call's CPU time. Reference counting still frees every acyclic object at once; the collector resumes after."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def run_law(kappa, sizes, groups, make_engine):
     """The law harness: sizes[s] unseeded requests of each setting s (settings shuffled together by a fixed
     permutation, with a greedy request every GREEDY_EVERY that must give plain greedy decoding), CALL requests to an
@@ -167,7 +150,7 @@ def run_law(kappa, sizes, groups, make_engine):
             if i % GREEDY_EVERY == 0: batch.append(greedy); setting.append(-1)
             batch.append(params[order[i]]); setting.append(order[i])
         eng = make_engine(call, batch)
-        with cycle_collector_paused():
+        with cycle_collector_paused():        # as generate does: the call's 25,000 requests all live to its end
             counts += first_three_counts(eng, batch, setting, greedy_ref, len(groups))
         drafted += eng.metrics.num_draft_tokens
     return counts, drafted
