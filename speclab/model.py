@@ -28,7 +28,7 @@ from torch import nn
 
 from .kv import FREED, PagedKV
 from .roofline import ModelSpec
-from .sampling import sampling_probs
+from .sampling import _is_int, sampling_probs  # _is_int: an int that is not a bool, one home (Chapter 3)
 
 # %% ../nbs/07_model.ipynb #c648e1b4
 ROPE_TYPES = ("default", "llama3")
@@ -341,14 +341,11 @@ class PagedBatch:
         "N: the tokens (flat rows) the step feeds."
         return len(self.token_ids)
 
-def _is_index(x):
-    return isinstance(x, int) and not isinstance(x, bool)
-
 def _check_paged_batch(blocks, starts, block_tables, block_size, sliding_window):
     "Types and lengths of paged_batch's arguments, O(1) per request: no walk over tokens or block ids."
-    if not _is_index(block_size) or block_size < 1:
+    if not _is_int(block_size) or block_size < 1:
         raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
-    if sliding_window is not None and (not _is_index(sliding_window) or sliding_window < 1):
+    if sliding_window is not None and (not _is_int(sliding_window) or sliding_window < 1):
         raise ValueError(f"sliding_window must be None or an int >= 1, got {sliding_window!r}")
     for name, value in (("blocks", blocks), ("starts", starts), ("block_tables", block_tables)):
         if isinstance(value, (str, bytes, torch.Tensor)) or not hasattr(value, "__len__"):
@@ -361,7 +358,7 @@ def _check_paged_batch(blocks, starts, block_tables, block_size, sliding_window)
     for b, (block, start, table) in enumerate(zip(blocks, starts, block_tables)):
         if not len(block):
             raise ValueError(f"blocks[{b}] is empty: every request in a step feeds at least one token")
-        if not _is_index(start) or start < 0:
+        if not _is_int(start) or start < 0:
             raise ValueError(f"starts[{b}] must be an int >= 0, got {start!r}")
         end = start + len(block)
         if len(table) * block_size < end:
@@ -423,7 +420,7 @@ def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[l
     width = max(len(t) for t in block_tables)
     table = _ids([list(t) + [FREED] * (width - len(t)) for t in block_tables], FREED)     # [B, width]
     if table is None:
-        b = _first_bad(block_tables, lambda i: _is_index(i) and (i >= 0 or i == FREED))
+        b = _first_bad(block_tables, lambda i: _is_int(i) and (i >= 0 or i == FREED))
         raise ValueError(f"block_tables[{b}] must hold block ids (ints >= 0, or FREED), "
                          f"got {list(block_tables[b])[:8]}")
     query_lens = [len(block) for block in blocks]
@@ -442,7 +439,7 @@ def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[l
         raise ValueError(f"slot_mapping must hold one slot per fed token ({N}), got {len(slots)}")
     rows = _ids([flat, positions, slots], 0)
     if rows is None:
-        b = _first_bad(blocks, lambda t: _is_index(t) and t >= 0)
+        b = _first_bad(blocks, lambda t: _is_int(t) and t >= 0)
         raise ValueError(f"blocks[{b}] must hold token ids (ints >= 0), got {list(blocks[b])[:8]}")
     if N > 1 and len(set(slots)) != N:
         raise ValueError("two tokens of the step would write the same slot: block tables must not share the "
@@ -481,7 +478,7 @@ def paged_cache(args: LlamaArgs, num_blocks: int, block_size: int, dtype: torch.
                 device: str | torch.device = "cpu") -> list[PagedKV]:
     "One zeroed `speclab.kv.PagedKV` per layer: the block pool a paged forward writes and reads."
     for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
-        if not _is_index(value) or value < 1:
+        if not _is_int(value) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     return [PagedKV(num_blocks, block_size, args.num_kv_heads, args.head_dim, dtype, device)
             for _ in range(args.num_layers)]
