@@ -643,7 +643,8 @@ def load_model(folder: str | os.PathLike, dtype: torch.dtype = torch.float32,
 FAST_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")  # two names of one class in transformers 5
 
 def _json_field(path, name):
-    return json.loads(path.read_text()).get(name) if path.is_file() else None
+    "One field of a JSON file, None when the file is absent."
+    return _read_json(path).get(name) if path.is_file() else None
 
 def _tokenizer_class(path):
     """AutoTokenizer, or the class it resolves to for a Llama checkpoint whose tokenizer_config names the fast class:
