@@ -48,10 +48,8 @@ def failed(report):
     return {c["check"]: c["worst"] for c in report["checks"] if c["status"] == "FAIL"}
 
 
-# penalties_per_step is planted and changes the law (Chapter 95's test: on the random pair, repeats within a step go
-# from 12% to 32% at frequency_penalty 2), but on the shipped pair its effect on the first four tokens' text is below
-# what the default budget detects (benchmarks/RESULTS.md); it has no case here until the audit has a statistic for it.
-NOT_CAUGHT = {"penalties_per_step"}
+# Every planted fault has a case below (penalties_per_step since the repeats check: the four-token law misses it).
+NOT_CAUGHT = set()
 
 
 def test_every_fault_has_a_case():
@@ -67,12 +65,14 @@ def test_exact_pair_passes(pair, tmp_path):
     give every check its requests (EXACT_BUDGET; 1,600 until issue 25 cost 29 CPU s, most of it the two servers). The
     power against faults is each planted fault's case below, at its own budget; the engine's law itself is tested at
     a three-token TV of 0.03 by tests/test_engine.py."""
-    report = audit(pair, None, budget=EXACT_BUDGET, settings={**T1, **TOP_P}, penalties={"frequency0.8":
-                   PENALTIES["frequency0.8"]}, num_seeds=4, concurrency_n=30, prompts=DEFAULT_PROMPTS[:4])
+    report = audit(pair, None, budget=EXACT_BUDGET, settings={**T1, **TOP_P}, penalties={"frequency2.0":
+                   PENALTIES["frequency2.0"]}, num_seeds=4, concurrency_n=30, prompts=DEFAULT_PROMPTS[:4],
+                   repeat_tokens=4)     # the repeats test runs (on 4 tokens): the level is the claim here
     assert report["exit_code"] == 0, report["line"]
     assert report["line"].startswith("speclab audit: PASS")
     assert {c["check"]: c["status"] for c in report["checks"]} == dict.fromkeys(
-        ["laws", "penalties", "concurrency", "seeds", "greedy"], "pass")
+        ["laws", "penalties", "repeats", "concurrency", "seeds", "greedy"], "pass")
+    assert "tokens repeating" in report["checks"][2]["worst"]       # speclab serve returns logprobs tokens
     assert report["requests_sent"] <= EXACT_BUDGET * 1.05 + 30
     json.dumps(report)
 
@@ -82,6 +82,11 @@ def test_exact_pair_passes(pair, tmp_path):
 # > 0.5); recovered from p: TV 0.25 at 'with open(' (t0.8, p0.6); a bonus after a rejection: the second token's
 # law moves (caught at TV-bound 0.5 budgets in trials); rolled q rows: laws at concurrency 8 and seeds; shared stream:
 # every pair identical at concurrency 1 (reference: ~0.1); seed ignored: same-seed agreement 1 -> ~0.1.
+# Penalties per step: at repetition_penalty 3 after '        self.', a 16-token completion holds a token repeating
+# one of the 3 before it in 23% of the faulty server's completions against 1.7% of the reference's (138/600 and
+# 10/600 over seven trial audits); at 120 completions per server the repeats test (two bins in the trials) fires at Holm's first
+# threshold 0.01/3 with probability 0.996 for rates 0.23 vs 0.017 (simulated, 4,000 trials; 0.98 for 0.20 vs 0.02).
+REPEAT3 = {"repetition3.0": {"temperature": 1.0, "repetition_penalty": 3.0}}
 CASES = [
     ("top_p_target_only", dict(budget=260, settings=TOP_P), "laws", "t0.8,p0.6"),
     ("argmax_always", dict(budget=120, settings=T1), "laws", "t1.0"),
@@ -92,6 +97,8 @@ CASES = [
     ("batch_dependent", dict(budget=400, settings=TOP_P, num_seeds=6), "", ""),
     ("shared_rng", dict(budget=200, settings=T1, concurrency_n=40), "concurrency", "concurrency 1"),
     ("seed_ignored", dict(budget=200, settings=T1, num_seeds=8), "seeds", "same seed"),
+    ("penalties_per_step", dict(budget=246, settings={}, penalties=REPEAT3, repeat_tokens=16, concurrency=16,
+                                prompts=["        self.", "raise ValueError("]), "repeats", "repetition3.0"),
 ]
 
 
