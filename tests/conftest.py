@@ -1,4 +1,5 @@
 """Shared test setup. Runs before any test module imports speclab (and so before anything imports triton)."""
+import ctypes
 import os
 
 # Triton kernels (chapter 04) run in the interpreter on machines without a GPU; this must be set before
@@ -11,6 +12,30 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+# glibc's malloc gives every allocation over 32 MB a fresh mmap and unmaps it when it is freed, so the engine's large
+# per-step tensors (a 25,000-request law batch) fault in fresh zeroed pages at every step: up to a third of a law
+# test's CPU time here, as system time. Freed memory stays in the heap instead, in this process (mallopt) and in every
+# process it starts (GLIBC_TUNABLES: xdist workers, notebooks, servers, CLI children). Nothing computed changes; a
+# process keeps its peak memory. Measured: benchmarks/RESULTS.md (twelfth session, issue 25).
+MALLOC_KEEP = 2 ** 31 - 1                 # bytes: mallopt's largest threshold (an int)
+MALLOC_TUNABLES = f"glibc.malloc.mmap_threshold={MALLOC_KEEP}:glibc.malloc.trim_threshold={MALLOC_KEEP}"
+
+
+def keep_freed_memory() -> None:
+    "Raise glibc's mmap and trim thresholds here and for child processes (a no-op without glibc)."
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(-1, ctypes.c_int(MALLOC_KEEP))       # M_TRIM_THRESHOLD
+    libc.mallopt(-3, ctypes.c_int(MALLOC_KEEP))       # M_MMAP_THRESHOLD
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if MALLOC_TUNABLES not in tunables:
+        os.environ["GLIBC_TUNABLES"] = f"{tunables}:{MALLOC_TUNABLES}" if tunables else MALLOC_TUNABLES
+
+
+keep_freed_memory()
 
 import re
 import subprocess
