@@ -362,9 +362,9 @@ class ModelDrafter:
     def _feed(self, batch: list[RequestState], starts: list[int], blocks: list[list[int]]) -> torch.Tensor:
         "Feed each request's block of new tokens at draft positions starts[b], ...; logits of each block's last token."
         pb = paged_batch(blocks, starts, [r.block_table for r in batch], self.block_size,
-                         self.model.head_weight.device, self.sliding_window)
+                         self.model.head_weight.device, self.sliding_window, check=False)   # the engine's own tables
         last = long_tensor([len(b) for b in blocks]).cumsum(0) - 1
-        return forward_paged(self.model, self.cache, pb, last.to(self.model.head_weight.device))
+        return forward_paged(self.model, self.cache, pb, last.to(self.model.head_weight.device), check=False)
 
     def _draw(self, logits: torch.Tensor, batch: list[RequestState], all_greedy: bool,
               rows: ProcessorRows | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -912,18 +912,18 @@ class ModelRunner:
         blocks = [r.token_ids[start:] + d for r, start, d in zip(batch, starts, drafts)]
         slots = [slot for s in steps for slot in s.slot_mapping]      # the block manager's, computed once
         pb = paged_batch(blocks, starts, [r.block_table for r in batch], self.block_size, self.device,
-                         self.sliding_window, slots)
+                         self.sliding_window, slots, check=False)     # tables and slots: the block manager's
         params = [r.params for r in batch]
         num_tokens = sum(len(b) for b in blocks)
         if self.drafter is None:                                      # plain decoding: no drafts, no rejection step
-            logits = forward_paged(self.target, self.cache, pb, pb.last_token_indices)
+            logits = forward_paged(self.target, self.cache, pb, pb.last_token_indices, check=False)
             rows = batch_processors(batch, logits.shape[1], self.device)
             out = sample_plain(logits, params, [r.target_gen for r in batch], rows)[:, None]
             num_draft_tokens = [0] * len(batch)
         else:
             cu_num_scheduled_tokens = long_tensor([len(b) for b in blocks]).cumsum(0)
             md = SpecDecodeMetadata.from_drafts(drafts, cu_num_scheduled_tokens, device=self.device, check=False)
-            run_target = getattr(self.drafter, "forward_target", forward_paged)  # EAGLE keeps the target's features
+            run_target = getattr(self.drafter, "forward_target", partial(forward_paged, check=False))  # EAGLE: features
             logits = run_target(self.target, self.cache, pb, md.logits_indices)
             sampling = SamplingMetadata.from_lists([p.temperature for p in params], [p.top_k for p in params],
                                                    [p.top_p for p in params], [r.target_gen for r in batch],

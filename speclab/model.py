@@ -411,12 +411,15 @@ def _group(n, query_lens, first_rows, ends, first_keys, key_slots, mask, device)
 
 def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[list[int]], block_size: int,
                 device: str | torch.device = "cpu", sliding_window: int | None = None,
-                slot_mapping: list[int] | None = None) -> PagedBatch:
+                slot_mapping: list[int] | None = None, check: bool = True) -> PagedBatch:
     """Index tensors of one paged forward: request b feeds blocks[b] at positions starts[b], starts[b] + 1, ...
 
     `slot_mapping`: each fed token's slot, request after request, when the caller has them (the block manager's
-    `allocate_slots` computes them); else computed here from the block tables."""
-    _check_paged_batch(blocks, starts, block_tables, block_size, sliding_window)
+    `allocate_slots` computes them); else computed here from the block tables. `check=False` is the engine's path:
+    its block manager keeps the tables right (Chapter 6's fuzzer), so the per-request walks that name a wrong argument,
+    a freed block or a shared slot are skipped."""
+    if check:
+        _check_paged_batch(blocks, starts, block_tables, block_size, sliding_window)
     width = max(len(t) for t in block_tables)
     table = _ids([list(t) + [FREED] * (width - len(t)) for t in block_tables], FREED)     # [B, width]
     if table is None:
@@ -427,7 +430,10 @@ def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[l
     N, T = sum(query_lens), max(query_lens)
     ends = [s + n for s, n in zip(starts, query_lens)]                 # each request's last position + 1
     first_keys = [0 if sliding_window is None else max(0, s - sliding_window + 1) for s in starts]
-    max_block = _touched_blocks(starts, ends, first_keys, block_tables, block_size, sliding_window)
+    if check:
+        max_block = _touched_blocks(starts, ends, first_keys, block_tables, block_size, sliding_window)
+    else:                                                              # an upper bound of the blocks touched
+        max_block = int(table.max())
     # per token, on the host: its id, its position and its slot, then one tensor for the three
     flat = list(itertools.chain.from_iterable(blocks))
     positions = list(itertools.chain.from_iterable(range(s, e) for s, e in zip(starts, ends)))
@@ -441,7 +447,7 @@ def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[l
     if rows is None:
         b = _first_bad(blocks, lambda t: _is_int(t) and t >= 0)
         raise ValueError(f"blocks[{b}] must hold token ids (ints >= 0), got {list(blocks[b])[:8]}")
-    if N > 1 and len(set(slots)) != N:
+    if check and N > 1 and len(set(slots)) != N:
         raise ValueError("two tokens of the step would write the same slot: block tables must not share the "
                          "blocks they write")
     # per request: the slots of the keys it may read, positions first_key .. first_key + L - 1 (padding: its last)
@@ -556,9 +562,11 @@ def paged_logits(model: Llama, cache: list[PagedKV], batch: PagedBatch,
 
 @torch.no_grad()
 def forward_paged(model: Llama, cache: list[PagedKV], batch: PagedBatch,
-                  logits_indices: torch.Tensor | None = None) -> torch.Tensor:
-    "Logits [len(logits_indices), V] (all N rows when None) of one paged step; writes each token's K/V at its slot."
-    _check_paged_forward(model, cache, batch, logits_indices)
+                  logits_indices: torch.Tensor | None = None, check: bool = True) -> torch.Tensor:
+    """Logits [len(logits_indices), V] (all N rows when None) of one paged step; writes each token's K/V at its slot.
+    `check=False` (the engine's path) trusts that model, cache and batch agree, as the engine built all three."""
+    if check:
+        _check_paged_forward(model, cache, batch, logits_indices)
     if logits_indices is not None:
         logits_indices = logits_indices.to(batch.token_ids.device)
     if model.compiled_paged_logits is not None:                    # see compile_paged

@@ -235,6 +235,26 @@ def test_paged_logits_indices_pick_rows():
     assert empty.shape == (0, 64)
 
 
+@pytest.mark.parametrize("window", [None, 3])
+def test_unchecked_paged_step_is_the_checked_one(window, monkeypatch):
+    """The engine's path (`check=False`: its block manager keeps the tables right) builds the same batch tensors and
+    the same logits as the checked path, with a ragged step and a freed block, and runs none of the walks that check."""
+    import speclab.model as model_mod
+    model = _random_llama(2, False, seed=5)
+    blocks, starts = [[1, 2, 3], [4], [5, 6]], [7, 2, 0]
+    tables = [[FREED if window else 6, 2, 0], [1], [5, 4]]
+    checked = paged_batch(blocks, starts, tables, 4, sliding_window=window)
+    logits = forward_paged(model, paged_cache(model.args, 8, 4, torch.float64), checked, checked.last_token_indices)
+    for name in ("_check_paged_batch", "_touched_blocks", "_check_paged_forward"):
+        monkeypatch.setattr(model_mod, name, lambda *a, name=name: pytest.fail(f"{name} ran on the trusted path"))
+    trusted = paged_batch(blocks, starts, tables, 4, sliding_window=window, check=False)
+    for field in ("token_ids", "positions", "slot_mapping", "last_token_indices", "key_slots", "attn_mask"):
+        assert torch.equal(getattr(trusted, field), getattr(checked, field)), field
+    assert trusted.query_lens == checked.query_lens and trusted.max_block >= checked.max_block
+    pool = paged_cache(model.args, 8, 4, torch.float64)
+    assert torch.equal(forward_paged(model, pool, trusted, trusted.last_token_indices, check=False), logits)
+
+
 PAGED_ERRORS = [  # (what is called with the model and its cache, the error, what its message says)
     (lambda m, c: paged_batch([[1], []], [0, 0], [[0], [1]], 4), ValueError, r"blocks\[1\] is empty"),
     (lambda m, c: paged_batch([], [], [], 4), ValueError, "at least one request"),
