@@ -135,7 +135,12 @@ def test_cli_audit_interrupted_writes_what_it_has(pair, tmp_path):
     out = tmp_path / "report.json"
     cmd = [str(Path(sys.executable).parent / "speclab"), "audit", "--url", url, "--reference-url", reference_url,
            "--budget", "12000", "--out", str(out), "--html", str(tmp_path / "report.html"), "--quiet"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # A shell without job control starts `... &` jobs with SIGINT ignored, and children inherit that (Python then
+    # installs no KeyboardInterrupt): start the CLI through an exec that restores the default, so that Ctrl-C reaches
+    # it however the suite itself was started.
+    restore = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+    proc = subprocess.Popen([sys.executable, "-c", restore, *cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
     lines = []
     for line in proc.stdout:                      # the plan is printed before anything is sent
         lines.append(line)
