@@ -4,11 +4,12 @@
 
 # %% auto #0
 __all__ = ['WAITING', 'RUNNING', 'FINISHED', 'DRAFT_SALT', 'DEFAULT_KV_BYTES', 'SamplingParams', 'check_processor_fields',
-           'Output', 'RequestState', 'StepOutput', 'ngram_propose', 'NgramDrafter', 'processor_rows', 'take_rows',
-           'grow_history', 'batch_processors', 'request_probs', 'sample_plain', 'ModelDrafter', 'kappa_for_batch',
-           'check_schedule', 'StepPlan', 'Proposal', 'Scheduler', 'cycle_collector_paused', 'check_engine_args',
-           'check_pair', 'check_batch', 'SchedulerStats', 'SpecDecoder', 'prompt_ids', 'new_request', 'request_blocks',
-           'block_bytes', 'pool_blocks', 'check_fits', 'ModelRunner', 'prompt_logprobs', 'emitted_logprobs']
+           'Output', 'RequestState', 'StepOutput', 'ngram_propose', 'NgramDrafter', 'processor_rows', 'bad_word_rows',
+           'take_rows', 'grow_history', 'batch_processors', 'request_probs', 'sample_plain', 'ModelDrafter',
+           'kappa_for_batch', 'check_schedule', 'StepPlan', 'Proposal', 'Scheduler', 'cycle_collector_paused',
+           'check_engine_args', 'check_pair', 'check_batch', 'SchedulerStats', 'SpecDecoder', 'prompt_ids',
+           'new_request', 'request_blocks', 'block_bytes', 'pool_blocks', 'check_fits', 'ModelRunner',
+           'prompt_logprobs', 'emitted_logprobs']
 
 # %% ../nbs/08_engine.ipynb #fba7d837
 import copy
@@ -52,6 +53,8 @@ class SamplingParams:
     logit_bias: dict | None = None    # {token id: bias in [-100, 100]} added to the logits
     allowed_token_ids: tuple | None = None   # the only tokens the request may emit
     logprobs: int | None = None       # report the target's raw log-prob of each emitted token and its top-k (0..20)
+    bad_words: tuple | None = None    # token-id sequences never emitted: a word's last token is masked where the
+                                      # generated tokens end with its others (vLLM's; the server tokenizes strings)
 
     def __post_init__(self) -> None:
         check_processor_fields(self)
@@ -85,10 +88,10 @@ class SamplingParams:
 
     @property
     def processed(self) -> bool:
-        "Whether any history-dependent field (penalties, bias, min-p, min-tokens, allowed ids) is on."
+        "Whether any history-dependent field (penalties, bias, min-p, min-tokens, allowed ids, bad words) is on."
         return (self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
                 or self.min_p != 0 or self.min_tokens != 0 or bool(self.logit_bias)
-                or self.allowed_token_ids is not None)
+                or self.allowed_token_ids is not None or self.bad_words is not None)
 
 def _real(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
@@ -124,6 +127,14 @@ def check_processor_fields(sp: SamplingParams) -> None:
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
             raise ValueError(f"allowed_token_ids must be None or a non-empty list of token ids >= 0, got {ids!r}")
         sp.allowed_token_ids = tuple(ids)
+    if sp.bad_words is not None:
+        words = sp.bad_words
+        ok = isinstance(words, (list, tuple)) and all(
+            isinstance(w, (list, tuple)) and w and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                       for t in w) for w in words)
+        if not ok:
+            raise ValueError(f"bad_words must be None or a list of non-empty token-id lists, ids >= 0, got {words!r:.60}")
+        sp.bad_words = tuple(tuple(w) for w in words) or None
 
 # %% ../nbs/08_engine.ipynb #b2fa1725
 @dataclass
@@ -293,7 +304,25 @@ def processor_rows(params: list[SamplingParams], prompts: list[list[int]], outpu
         rows.stop_mask = token_counts([sorted(s) for s in stop_ids], V, device) > 0
     if any(p.min_p for p in params):
         rows.min_p = col("min_p", torch.float64)
+    if any(p.bad_words for p in params):
+        rows.bad_words, rows.recent_tokens = bad_word_rows(params, outputs, device)
     return rows
+
+def bad_word_rows(params: list[SamplingParams], outputs: list[list[int]],
+                  device: str | torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    "Each request's bad words [B, W, L] (right-aligned, -1 padded) and its last L-1 generated tokens [B, L-1]."
+    words = [p.bad_words or () for p in params]
+    W, L = max(len(w) for w in words), max(len(x) for w in words for x in w)
+    table = torch.full((len(params), W, L), -1, dtype=torch.int64)
+    for b, ws in enumerate(words):                   # per request and word, once per step: no loop over tokens
+        for k, w in enumerate(ws):
+            table[b, k, L - len(w):] = torch.tensor(w)
+    recent = torch.full((len(params), L - 1), -1, dtype=torch.int64)
+    for b, o in enumerate(outputs):
+        tail = o[max(0, len(o) - (L - 1)):] if L > 1 else []
+        if tail:
+            recent[b, L - 1 - len(tail):] = torch.tensor(tail)
+    return table.to(device), recent.to(device)
 
 def take_rows(rows: ProcessorRows, index: torch.Tensor) -> ProcessorRows:
     "The entries of `index` (a subset of the rows, in that order)."
@@ -308,6 +337,9 @@ def grow_history(rows: ProcessorRows, drafted: torch.Tensor) -> ProcessorRows:
         out.output_counts = rows.output_counts.scatter_add(1, d, torch.ones_like(d, dtype=rows.output_counts.dtype))
     if rows.num_generated is not None:
         out.num_generated = rows.num_generated + drafted.shape[1]
+    if rows.recent_tokens is not None and drafted.shape[1]:
+        grown = torch.cat([rows.recent_tokens, drafted.to(rows.recent_tokens.device).long()], 1)
+        out.recent_tokens = grown[:, grown.shape[1] - rows.recent_tokens.shape[1]:]
     return out
 
 def batch_processors(batch: list[RequestState], vocab_size: int,
@@ -825,6 +857,8 @@ def prompt_ids(engine: SpecDecoder, prompt: str | list[int], params: SamplingPar
         raise ValueError(f"logit_bias token ids must lie in [0, {V})")
     if any(t >= V for t in params.allowed_token_ids or ()):
         raise ValueError(f"allowed_token_ids must lie in [0, {V})")
+    if any(t >= V for w in params.bad_words or () for t in w):
+        raise ValueError(f"bad_words token ids must lie in [0, {V})")
     eos = getattr(engine.tokenizer, "eos_token_id", None)
     if params.ignore_eos and eos in params.stop_token_ids:
         raise ValueError(f"ignore_eos=True conflicts with the EOS id {eos} in stop_token_ids")

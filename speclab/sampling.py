@@ -9,9 +9,9 @@ __all__ = ['PROB_TOL', 'PLACEHOLDER_TOKEN_ID', 'FIXED_POINT', 'cu_num_draft_toke
            'fixed_point_widths', 'recovered_inverse_cdf', 'chain_sample', 'block_weights', 'block_sample',
            'mean_accepted', 'repeat_rows', 'get_backend', 'rejection_sample', 'apply_temperature', 'apply_top_k',
            'top_p_mask_sort', 'top_p_mask_partial', 'apply_min_p', 'sampling_probs', 'token_counts', 'position_counts',
-           'ProcessorRows', 'apply_penalties', 'apply_min_tokens', 'process_logits', 'draw_tokens', 'fixed_point_pick',
-           'tree_children', 'tree_verify', 'tree_step', 'SpecDecodeIndices', 'expand_batch_to_tokens',
-           'SamplingMetadata', 'rows_at_positions', 'rejection_sampler']
+           'position_recent', 'ProcessorRows', 'apply_penalties', 'apply_min_tokens', 'apply_bad_words',
+           'process_logits', 'draw_tokens', 'fixed_point_pick', 'tree_children', 'tree_verify', 'tree_step',
+           'SpecDecodeIndices', 'expand_batch_to_tokens', 'SamplingMetadata', 'rows_at_positions', 'rejection_sampler']
 
 # %% ../nbs/03_sampling.ipynb #2171a951
 import importlib
@@ -488,6 +488,18 @@ def position_counts(counts: Tensor, draft_token_ids: Tensor, num_draft_tokens: S
                    accumulate=True)
     return out
 
+def position_recent(recent: Tensor, draft_token_ids: Tensor, num_draft_tokens: Sequence[int] | Tensor) -> Tensor:
+    "The last K generated tokens at each sampled row: request b's recent [B, K] followed by d_1..d_i, the last K kept."
+    n = torch.as_tensor(num_draft_tokens, dtype=torch.int64).cpu()
+    dev, K = recent.device, recent.shape[1]
+    owner = torch.repeat_interleave(torch.arange(len(n)), n + 1)
+    position = torch.arange(len(owner)) - torch.repeat_interleave(torch.cumsum(n + 1, 0) - (n + 1), n + 1)
+    idx, _ = padded_index(n)                           # [B, S]; slots past n_b are never read below
+    drafts = draft_token_ids.to(dev).long()[idx.to(dev)] if idx.numel() else idx.to(dev)
+    seq = torch.cat([recent.long(), drafts], 1)        # [B, K + S]: each request's history, then its drafts
+    cols = position[:, None] + torch.arange(K)[None, :]   # position i: the K tokens that end with d_i
+    return seq[owner[:, None].to(dev), cols.to(dev)]
+
 # %% ../nbs/03_sampling.ipynb #c27a0004
 @dataclass
 class ProcessorRows:
@@ -503,6 +515,10 @@ class ProcessorRows:
     num_generated: Tensor | None = None        # [R] int: generated tokens in the row's history
     stop_mask: Tensor | None = None            # [R, V] bool: stop tokens, masked while num_generated < min_tokens
     min_p: Tensor | None = None                # [R] float, 0 = off (applied after temperature, by sampling_probs)
+    bad_words: Tensor | None = None            # [R, W, L] int: banned token sequences, right-aligned, -1 before
+                                               # a shorter word's first token; a padding word is all -1
+    recent_tokens: Tensor | None = None        # [R, L-1] int: the row's last generated tokens, right-aligned, -1 where
+                                               # its history is shorter (what a bad word's other tokens must match)
 
 def apply_penalties(logits: Tensor, prompt_mask: Tensor, output_counts: Tensor, presence_penalty: Tensor,
                     frequency_penalty: Tensor, repetition_penalty: Tensor) -> Tensor:
@@ -519,10 +535,21 @@ def apply_min_tokens(logits: Tensor, num_generated: Tensor, min_tokens: Tensor, 
     active = (num_generated < min_tokens)[:, None]
     return logits.masked_fill(active & stop_mask, -math.inf)
 
+def apply_bad_words(logits: Tensor, bad_words: Tensor, recent_tokens: Tensor) -> Tensor:
+    "vLLM's bad words: a word's last token at -inf in every row whose generated history ends with its other tokens."
+    prefix, last = bad_words[..., :-1], bad_words[..., -1]
+    hit = ((prefix == recent_tokens[:, None, :]) | (prefix < 0)).all(-1) & (last >= 0)   # [R, W]: the word is due
+    V = logits.shape[1]
+    banned = torch.zeros(logits.shape[0], V + 1, dtype=torch.bool, device=logits.device)
+    banned.scatter_(1, torch.where(hit, last, V), True)                 # column V: words not due, dropped below
+    return logits.masked_fill(banned[:, :V], -math.inf)
+
 def process_logits(logits: Tensor, rows: ProcessorRows) -> Tensor:
-    "The history-dependent stage in vLLM's order: allowed ids, min-tokens, logit bias, then the penalties."
+    "The history-dependent stage in vLLM's order: allowed ids, bad words, min-tokens, logit bias, then the penalties."
     if rows.allowed_mask is not None:
         logits = logits.masked_fill(~rows.allowed_mask, -math.inf)
+    if rows.bad_words is not None:
+        logits = apply_bad_words(logits, rows.bad_words, rows.recent_tokens)
     if rows.min_tokens is not None:
         logits = apply_min_tokens(logits, rows.num_generated, rows.min_tokens, rows.stop_mask)
     if rows.logit_bias is not None:
@@ -776,11 +803,14 @@ def rows_at_positions(processors: ProcessorRows, metadata: SpecDecodeIndices) ->
     owner = torch.repeat_interleave(torch.arange(len(n)), n + 1)
     position = torch.arange(len(owner)) - torch.repeat_interleave(torch.cumsum(n + 1, 0) - (n + 1), n + 1)
     rows = {f.name: getattr(processors, f.name) for f in fields(ProcessorRows)}
-    rows = {k: None if x is None or k == "output_counts" else x[owner.to(x.device)] for k, x in rows.items()}
+    grown = ("output_counts", "recent_tokens")     # built below from the drafts
+    rows = {k: None if x is None or k in grown else x[owner.to(x.device)] for k, x in rows.items()}
     if processors.output_counts is not None:
         rows["output_counts"] = position_counts(processors.output_counts, metadata.draft_token_ids, n)
     if processors.num_generated is not None:
         rows["num_generated"] = rows["num_generated"] + position.to(rows["num_generated"].device)
+    if processors.recent_tokens is not None:
+        rows["recent_tokens"] = position_recent(processors.recent_tokens, metadata.draft_token_ids, n)
     return ProcessorRows(**rows)
 
 def rejection_sampler(metadata: SpecDecodeIndices, logits: Tensor, draft_probs: Tensor | None,

@@ -9,11 +9,12 @@ __all__ = ['TTFT_BUCKETS', 'E2E_BUCKETS', 'FINISHED_REASONS', 'Event', 'Command'
            'next_commands', 'run_loop', 'run_command', 'add_request', 'abort_request', 'close_all', 'step_once',
            'deliver', 'publish', 'APIError', 'error_body', 'error_response', 'on_api_error', 'on_validation_error',
            'on_http_error', 'StreamOptions', 'CompletionRequest', 'check_prompt', 'check_prompts', 'check_stop',
-           'check_fields', 'request_params', 'error_param', 'sse', 'usage', 'choice', 'logprobs_json', 'spec_json',
-           'submit', 'Choices', 'submit_all', 'echo_prompt', 'final_choice', 'sse_events', 'watch_disconnect',
-           'completion_json', 'create_completion', 'ChatRequest', 'chat_prompt', 'chat_choice', 'chat_events',
-           'create_chat_completion', 'health', 'list_models', 'metrics', 'StatsCollector', 'lifespan', 'build_app',
-           'bind_socket', 'server_url', 'uvicorn_server', 'ServerThread', 'run_server']
+           'check_fields', 'request_params', 'bad_words_ids', 'error_param', 'sse', 'usage', 'choice', 'logprobs_json',
+           'chat_logprobs_json', 'spec_json', 'submit', 'Choices', 'submit_all', 'echo_prompt', 'final_choice',
+           'sse_events', 'watch_disconnect', 'completion_json', 'create_completion', 'ChatRequest', 'chat_prompt',
+           'chat_echo', 'chat_choice', 'chat_events', 'create_chat_completion', 'health', 'list_models', 'metrics',
+           'StatsCollector', 'lifespan', 'build_app', 'bind_socket', 'server_url', 'uvicorn_server', 'ServerThread',
+           'run_server']
 
 # %% ../nbs/11_serve.ipynb #e9d32fbd
 import asyncio
@@ -41,7 +42,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 from starlette.exceptions import HTTPException
 
 from .engine import (ModelDrafter, NgramDrafter, Output, SamplingParams, SpecDecoder, SpecMetrics, StepOutput,
@@ -143,6 +144,7 @@ Event = Delta | Done | Failed | Disconnect
 class Stream:
     "One choice's way back to its handler: `put` is thread-safe; the choices of one HTTP request share one queue."
     deltas: bool = False                     # send text as it grows (a streamed request), not only at the end
+    chat: bool = False                       # logprobs in chat's shape (a /v1/chat/completions request)
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     index: int = 0                           # the choice this stream carries: its events say so
@@ -383,7 +385,8 @@ def deliver(lp: EngineLoop, outputs: list[StepOutput]) -> list[tuple[Stream, Eve
         done = out.finished
         s.request_success[done.finish_reason] = s.request_success.get(done.finish_reason, 0) + 1
         s.e2e.observe(now - t.arrival)
-        lps = None if done.logprobs is None else logprobs_json(done.token_ids, done.logprobs, lp.engine.tokenizer)
+        shape = chat_logprobs_json if t.stream.chat else logprobs_json
+        lps = None if done.logprobs is None else shape(done.token_ids, done.logprobs, lp.engine.tokenizer)
         text = out.new_text if t.stream.deltas else done.text
         events.append((t.stream, Done(t.stream.index, text, done, out.num_prompt_tokens, lps)))
     return events
@@ -471,6 +474,8 @@ class CompletionRequest(BaseModel):
     logit_bias: dict[str, float] | None = None    # {token id: bias in [-100, 100]}
     allowed_token_ids: list[int] | None = None
     stop_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None            # vLLM's: words never emitted (tokenized by `bad_words_ids`)
+    _chat: bool = PrivateAttr(False)              # made by `chat_prompt`: logprobs answered in chat's shape
 
 def _is_ids(x: Any) -> bool:
     return isinstance(x, list) and len(x) > 0 and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
@@ -502,14 +507,13 @@ def check_stop(stop: Any) -> tuple:
 MAX_N = 16                                    # choices per prompt
 PROCESSORS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "logit_bias",
               "allowed_token_ids", "stop_token_ids")   # honoured, exactly under speculation (Chapters 3 and 8)
-PARAMS = ("temperature", "top_k", "top_p", "seed", "max_tokens", "stop", "prompt", *PROCESSORS)
+PARAMS = ("temperature", "top_k", "top_p", "seed", "max_tokens", "stop", "prompt", "bad_words", *PROCESSORS)
 # Fields that carry no meaning for generation: accepted, never read.
 NO_EFFECT = ("user",)
 # Fields of OpenAI's completions API and vLLM's extra sampling fields that would change the output and that this
 # server does not honour, with the value that means "off": sent with any other value, the request is refused (a 400
 # naming the field), never served as if the field were absent.
-UNSUPPORTED = {"suffix": (None, ""), "bad_words": (None, []),
-               "prompt_logprobs": (None,), "include_stop_str_in_output": (None, False),
+UNSUPPORTED = {"suffix": (None, ""), "prompt_logprobs": (None,), "include_stop_str_in_output": (None, False),
                "skip_special_tokens": (None, True), "spaces_between_special_tokens": (None, True),
                "truncate_prompt_tokens": (None,), "use_beam_search": (None, False), "length_penalty": (None, 1),
                "response_format": (None,), "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,),
@@ -537,7 +541,9 @@ def request_params(body: CompletionRequest) -> tuple[SamplingParams, bool]:
                            ("stream_options", body.stream_options is not None and not body.stream,
                             "stream_options is only allowed with stream: true"),
                            ("logprobs", body.logprobs is not None and not 0 <= body.logprobs <= 20,
-                            f"logprobs must be an int in [0, 20], got {body.logprobs}")]:
+                            f"logprobs must be an int in [0, 20], got {body.logprobs}"),
+                           ("bad_words", any(not w.strip() for w in body.bad_words or ()),
+                            f"bad_words must hold words with visible characters, got {body.bad_words!r:.80}")]:
         if bad:
             raise APIError(why, name)
     try:
@@ -550,6 +556,17 @@ def request_params(body: CompletionRequest) -> tuple[SamplingParams, bool]:
     except (ValueError, TypeError) as e:
         raise APIError(str(e), error_param(str(e))) from None
     return params, body.max_tokens is None
+
+def bad_words_ids(tokenizer: Any, words: list[str]) -> tuple:
+    "vLLM's tokenization of bad_words: each word as it stands and, when that makes a new word, after a space."
+    out = []
+    for word in words:
+        plain = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        out.append(plain)
+        if spaced[0] != plain[0] and len(spaced) == len(plain):   # vLLM's test for "a space starts a new word"
+            out.append(spaced)
+    return tuple(out)
 
 def error_param(message: str) -> str:
     "The request field an engine error is about: its first word when that is a field, else `prompt`."
@@ -580,6 +597,14 @@ def logprobs_json(token_ids: list[int], entries: list, tokenizer: Any, offset: i
     top = [None if e is None else {tokenizer.decode([t]): lp for t, lp in e[1]} for e in entries]
     return {"tokens": tokens, "token_logprobs": [None if e is None else e[0] for e in entries],
             "top_logprobs": top, "text_offset": offsets}
+
+def chat_logprobs_json(token_ids: list[int], entries: list, tokenizer: Any) -> dict:
+    "OpenAI's chat logprobs, from the same entries: per token its text, log-prob, UTF-8 bytes and top alternatives."
+    def item(t: int, lp: float) -> dict:
+        s = tokenizer.decode([t])
+        return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8", errors="replace"))}
+    return {"content": [{**item(t, e[0]), "top_logprobs": [item(a, v) for a, v in e[1]]}
+                        for t, e in zip(token_ids, entries)]}
 
 def spec_json(out: Output) -> dict:
     "This request's speculation figures (vLLM's per-request spec-decode counters, SGLang's spec_accept_length)."
@@ -618,7 +643,7 @@ async def submit_all(lp: EngineLoop, body: CompletionRequest, prompts: list, par
         for prompt in prompts:
             for s in range(body.n):
                 sp = params if params.seed is None else replace(params, seed=(params.seed + s) % 2 ** 63)
-                stream = Stream(body.stream, queue=ch.queue, index=len(ch.req_ids))
+                stream = Stream(body.stream, body._chat, queue=ch.queue, index=len(ch.req_ids))
                 ch.req_ids.append(await submit(lp, prompt, sp, stream, fill))
                 ch.num_prompt.append(0)
             if body.echo:
@@ -722,6 +747,13 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
                        "model", 404, "NotFoundError")
     prompts = check_prompts(body.prompt)
     params, fill = request_params(body)
+    if body.bad_words:                          # the words through the tokenizer, on the engine thread that owns it
+        lp = state.engine_loop
+        words = await asyncio.wrap_future(lp.call(lambda e: bad_words_ids(e.tokenizer, body.bad_words)))
+        try:
+            params = replace(params, bad_words=words)
+        except ValueError as e:
+            raise APIError(str(e), "bad_words") from None
     ch = await submit_all(state.engine_loop, body, prompts, params, fill)
     meta = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": state.model_name}
@@ -738,16 +770,18 @@ class ChatRequest(CompletionRequest):
     messages: list[dict]
     max_tokens: int | None = None                 # chat's default: the rest of the context
     max_completion_tokens: int | None = None      # OpenAI's newer name for max_tokens
-    logprobs: Any = None                          # chat's is a bool (with top_logprobs): refused, see above
+    logprobs: Any = None                          # chat's is a bool; top_logprobs says how many alternatives
     top_logprobs: int | None = None
 
 def chat_prompt(body: ChatRequest, tokenizer: Any) -> CompletionRequest:
     "The completion a chat request is: its messages through the chat template, its fields as they are; or a 400."
-    for name, bad in [("prompt", body.prompt is not None), ("echo", body.echo),
-                      ("logprobs", body.logprobs not in (None, False)),
-                      ("top_logprobs", body.top_logprobs is not None)]:
+    for name, bad, why in [("prompt", body.prompt is not None, "is not a chat field (send messages)"),
+                           ("logprobs", not isinstance(body.logprobs, (bool, type(None))), "must be true or false"),
+                           ("top_logprobs", body.top_logprobs is not None and not body.logprobs,
+                            "needs logprobs: true"),
+                           ("top_logprobs", not 0 <= (body.top_logprobs or 0) <= 20, "must be an int in [0, 20]")]:
         if bad:
-            raise APIError(f"{name} is not supported on /v1/chat/completions (use /v1/completions)", name)
+            raise APIError(f"{name} {why} on /v1/chat/completions", name)
     if not getattr(tokenizer, "chat_template", None):
         raise APIError("this model's tokenizer has no chat template: /v1/chat/completions cannot format messages; "
                        "use /v1/completions with a prompt", "messages")
@@ -758,22 +792,33 @@ def chat_prompt(body: ChatRequest, tokenizer: Any) -> CompletionRequest:
         text = tokenizer.apply_chat_template(body.messages, tokenize=False, add_generation_prompt=True)
     except Exception as e:                        # a template that fails on these messages (roles it rejects, ...)
         raise APIError(f"messages: the chat template failed: {e}", "messages") from None
-    fields = body.model_dump(exclude={"messages", "max_completion_tokens", "logprobs", "top_logprobs", "prompt"})
+    fields = body.model_dump(exclude={"messages", "max_completion_tokens", "logprobs", "top_logprobs", "prompt",
+                                      "echo"})             # chat's echo repeats a message, not the templated prompt
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    return CompletionRequest(**{**fields, **(body.model_extra or {}), "prompt": text, "max_tokens": max_tokens})
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    out = CompletionRequest(**{**fields, **(body.model_extra or {}), "prompt": text, "max_tokens": max_tokens,
+                               "logprobs": logprobs})
+    out._chat = True
+    return out
 
-def chat_choice(c: dict, first: bool, stream: bool) -> dict:
-    "A completion choice in chat's shape: the whole message, or a streamed delta (the role with the first)."
-    out = {"index": c["index"], "logprobs": None, "finish_reason": c["finish_reason"]}
+def chat_echo(body: ChatRequest) -> str:
+    "vLLM's chat echo: the last message's content when it is the assistant's (the reply continues it), else nothing."
+    last = body.messages[-1]
+    return last["content"] if body.echo and last.get("role") == "assistant" else ""
+
+def chat_choice(c: dict, first: bool, stream: bool, echo: str = "") -> dict:
+    "A completion choice in chat's shape: the whole message, or a streamed delta (role and echo with the first)."
+    out = {"index": c["index"], "logprobs": c["logprobs"], "finish_reason": c["finish_reason"]}
     if "spec_decode" in c:
         out["spec_decode"] = c["spec_decode"]
+    text = echo + c["text"] if first else c["text"]
     if not stream:
-        return {**out, "message": {"role": "assistant", "content": c["text"]}}
-    return {**out, "delta": {**({"role": "assistant"} if first else {}), **({"content": c["text"]} if c["text"]
-                                                                           or first else {})}}
+        return {**out, "message": {"role": "assistant", "content": text}}
+    return {**out, "delta": {**({"role": "assistant"} if first else {}), **({"content": text} if text or first
+                                                                           else {})}}
 
-async def chat_events(events: AsyncIterator[str]) -> AsyncIterator[str]:
-    "A completion's Server-Sent Events as chat.completion.chunk events."
+async def chat_events(events: AsyncIterator[str], echo: str = "") -> AsyncIterator[str]:
+    "A completion's Server-Sent Events as chat.completion.chunk events (each choice's first carries `echo`)."
     started = set()
     async for event in events:
         if not event.startswith("data: {"):
@@ -781,7 +826,7 @@ async def chat_events(events: AsyncIterator[str]) -> AsyncIterator[str]:
             continue
         obj = json.loads(event[len("data: "):])
         if "choices" in obj:
-            obj["choices"] = [chat_choice(c, c["index"] not in started, True) for c in obj["choices"]]
+            obj["choices"] = [chat_choice(c, c["index"] not in started, True, echo) for c in obj["choices"]]
             started |= {c["index"] for c in obj["choices"]}
             obj["id"], obj["object"] = obj["id"].replace("cmpl-", "chatcmpl-", 1), "chat.completion.chunk"
         yield sse(obj)
@@ -791,11 +836,11 @@ async def create_chat_completion(body: ChatRequest, request: Request) -> Respons
     lp = request.app.state.engine_loop
     response = await create_completion(chat_prompt(body, lp.engine.tokenizer), request)
     if body.stream:
-        return StreamingResponse(chat_events(response.body_iterator), media_type="text/event-stream")
+        return StreamingResponse(chat_events(response.body_iterator, chat_echo(body)), media_type="text/event-stream")
     if response.status_code != 200:
         return response
     obj = json.loads(response.body)
-    obj["choices"] = [chat_choice(c, True, False) for c in obj["choices"]]
+    obj["choices"] = [chat_choice(c, True, False, chat_echo(body)) for c in obj["choices"]]
     obj["id"], obj["object"] = obj["id"].replace("cmpl-", "chatcmpl-", 1), "chat.completion"
     return JSONResponse(obj)
 

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.xdist_group("openai_client")   # one worker: its module
 openai = pytest.importorskip("openai")
 
 from speclab.engine import SamplingParams
-from speclab.serve import load_engine
+from speclab.serve import bad_words_ids, load_engine
 from speclab.testing import serve_process
 from speclab.train import tiny_pair_path
 
@@ -36,7 +36,7 @@ def reference():
 
 REFUSED = [("best_of", dict(n=2, best_of=3)), ("suffix", dict(suffix=" end")),
            ("logprobs", dict(logprobs=21)), ("n", dict(n=0)),
-           ("bad_words", dict(extra_body={"bad_words": ["x"]})),
+           ("bad_words", dict(extra_body={"bad_words": [" "]})),
            ("guided_regex", dict(extra_body={"guided_regex": "a+"})),
            ("no_such_field", dict(extra_body={"no_such_field": 3}))]
 
@@ -88,6 +88,22 @@ def test_honoured_fields_equal_the_engine(client, reference, name, kwargs, param
                                                                            max_tokens=16)])
     assert text == want.text
     assert want.token_ids != plain.token_ids, f"{name} left the completion unchanged: the check would be vacuous"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_bad_words_equal_the_engine(client, reference, stream):
+    """bad_words through `extra_body`: the server tokenizes each word as vLLM does (`bad_words_ids`) and the completion
+    equals the engine's with those token ids; the words are taken from the plain completion, so they change it."""
+    tok = reference.tokenizer
+    plain = reference.generate([PROMPT], SamplingParams(temperature=0, max_tokens=16))[0]
+    words = [tok.decode(plain.token_ids[2:4]), tok.decode(plain.token_ids[6:7])]
+    got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0, stream=stream,
+                                    extra_body={"bad_words": words})
+    text = "".join(c.choices[0].text for c in got) if stream else got.choices[0].text
+    ids = bad_words_ids(tok, words)
+    want = reference.generate([PROMPT], SamplingParams(temperature=0, max_tokens=16, bad_words=ids))[0]
+    assert text == want.text
+    assert want.token_ids != plain.token_ids, "bad_words left the completion unchanged: the check would be vacuous"
 
 
 def texts_of(got, stream: bool) -> dict:
@@ -216,3 +232,40 @@ def test_chat_with_a_template(chat_server, stream):
             content = got.choices[0].message.content
             assert got.choices[0].finish_reason == want.finish_reason
     assert content == want.text
+
+
+def chat_logprobs(got, stream: bool) -> list:
+    "A chat choice's logprobs.content as plain dicts, streamed (the chunks' lists joined) or not."
+    if not stream:
+        return [e.model_dump() for e in got.choices[0].logprobs.content]
+    return [e.model_dump() for ch in got if ch.choices and ch.choices[0].logprobs
+            for e in ch.choices[0].logprobs.content]
+
+
+def test_chat_logprobs_equal_the_completions_ones(chat_server):
+    """Chat logprobs (logprobs: true, top_logprobs 3) in OpenAI's chat shape are the completions endpoint's entries for
+    the templated prompt (the target's raw log-probs), streamed equal to not streamed; vLLM's echo prepends the last
+    message when it is the assistant's."""
+    url, engine = chat_server
+    text = engine.tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120) as c:
+        kw = dict(model="chat", max_tokens=8, temperature=0, frequency_penalty=0.5)
+        done = c.completions.create(prompt=text, logprobs=3, **kw).choices[0]
+        chat = {stream: c.chat.completions.create(messages=MESSAGES, logprobs=True, top_logprobs=3, stream=stream,
+                                                  **kw) for stream in (False, True)}
+        entries = {stream: chat_logprobs(got, stream) for stream, got in chat.items()}
+        echoed = c.chat.completions.create(messages=MESSAGES + [{"role": "assistant", "content": "  return"}],
+                                           extra_body={"echo": True}, **kw).choices[0].message.content
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(messages=MESSAGES, top_logprobs=2, **kw)
+    assert e.value.body["param"] == "top_logprobs"
+    assert chat[False].choices[0].message.content == done.text
+    lp = done.logprobs
+    got = entries[False]
+    assert [x["token"] for x in got] == lp.tokens
+    assert [x["logprob"] for x in got] == pytest.approx(lp.token_logprobs, abs=1e-9)
+    for x, top in zip(got, lp.top_logprobs):
+        assert len(x["top_logprobs"]) == 3 and bytes(x["bytes"]).decode() == x["token"]
+        assert {t["token"]: t["logprob"] for t in x["top_logprobs"]} == pytest.approx(top, abs=1e-9)
+    assert entries[True] == got
+    assert echoed.startswith("  return")
