@@ -195,7 +195,7 @@ def lab08_nb(folder, name, extra):
 # ------------------------------------------------------------------------------------------- Lab 08: scores
 @pytest.fixture(scope="module")
 def solution_report(lab08, tmp_path_factory):
-    "The autograder (solution) notebook, graded once (it runs Chapter 9's sweep on 4 prompts: about half a minute)."
+    "The autograder (solution) notebook, graded once (it runs Chapter 9's sweep on 4 prompts, one pass per point: about 15 s)."
     folder = tmp_path_factory.mktemp("solution")
     path = folder / "acceptance.ipynb"
     shutil.copy(LAB08 / "autograder" / "acceptance.ipynb", path)
