@@ -564,7 +564,7 @@ def bad_words_ids(tokenizer: Any, words: list[str]) -> tuple:
         plain = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
         spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
         out.append(plain)
-        if spaced[0] != plain[0] and len(spaced) == len(plain):   # vLLM's test for "a space starts a new word"
+        if plain and spaced[0] != plain[0] and len(spaced) == len(plain):   # vLLM's: "a space starts a new word"
             out.append(spaced)
     return tuple(out)
 
