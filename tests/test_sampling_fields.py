@@ -358,16 +358,20 @@ def test_bad_field_values_fail_alone():
                   (dict(repetition_penalty=0.0), "repetition_penalty"),
                   (dict(min_p=-0.1), "min_p"), (dict(min_tokens=9, max_tokens=4), "min_tokens"),
                   (dict(logit_bias={1: 101}), "logit_bias"), (dict(logit_bias={-1: 1}), "logit_bias"),
-                  (dict(allowed_token_ids=[]), "allowed_token_ids"), (dict(logprobs=21), "logprobs")]
+                  (dict(allowed_token_ids=[]), "allowed_token_ids"), (dict(logprobs=21), "logprobs"),
+                  (dict(bad_words=[[]]), "bad_words"), (dict(bad_words=[[1, -2]]), "bad_words"),
+                  (dict(bad_words="word"), "bad_words")]
     for bad, word in bad_values:
         with pytest.raises(ValueError, match=word):
             SamplingParams(**bad)
     eng = SpecDecoder(pair()[0], make_drafter("model"), kappa=KAPPA)
     empty = SamplingParams(max_tokens=4, min_tokens=2, stop_token_ids=(3,), allowed_token_ids=(3,))
-    outs = eng.generate([PROMPT] * 3, [sampled("mixed"), empty, SamplingParams(max_tokens=4, logit_bias={V: 1.0})])
+    outs = eng.generate([PROMPT] * 4, [sampled("mixed"), empty, SamplingParams(max_tokens=4, logit_bias={V: 1.0}),
+                                       SamplingParams(max_tokens=4, bad_words=[[1, V]])])
     assert outs[0].error is None and len(outs[0].token_ids) >= 1
     assert outs[1].finish_reason == "error" and "allowed_token_ids" in outs[1].error
     assert outs[2].finish_reason == "error" and "logit_bias" in outs[2].error
+    assert outs[3].finish_reason == "error" and "bad_words" in outs[3].error
 
 
 # --- the exact per-position test: a spy on the stage ----------------------------------------------------------------
