@@ -133,7 +133,8 @@ def check_processor_fields(sp: SamplingParams) -> None:
             isinstance(w, (list, tuple)) and w and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
                                                        for t in w) for w in words)
         if not ok:
-            raise ValueError(f"bad_words must be None or a list of non-empty token-id lists, ids >= 0, got {words!r:.60}")
+            raise ValueError("bad_words must be None or a list of non-empty token-id lists, ids >= 0, "
+                             f"got {words!r:.60}")
         sp.bad_words = tuple(tuple(w) for w in words) or None
 
 # %% ../nbs/08_engine.ipynb #b2fa1725
@@ -181,6 +182,7 @@ class RequestState:
     num_accepted_tokens: int = 0
     logprobs: list = field(default_factory=list)           # per emitted token, when params.logprobs is set
     on_tokens: Callable[[list[int]], None] | None = None
+    arrival_time: float = 0.0          # time.perf_counter() when it arrived (the server's handler, or add_request)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -241,6 +243,8 @@ class StepOutput:
     new_text: str = ""                 # text made visible by this step (stop strings and split characters held back)
     num_prompt_tokens: int = 0
     finished: Output | None = None
+    num_output_tokens: int = 0         # tokens it has emitted so far, these included (== their count: its first step)
+    arrival_time: float = 0.0          # the request's arrival_time: latency figures need no record of their own
 
 # %% ../nbs/08_engine.ipynb #8f92b57b
 def ngram_propose(tokens: list[int], kappa: int, n: int = 3, min_n: int = 1) -> list[int]:
@@ -614,13 +618,15 @@ class Scheduler:
         if r.on_tokens is not None and kept:
             r.on_tokens(kept)
         if reason is None:
-            return StepOutput(r.req_id, kept, r.text_delta(False), r.num_prompt_tokens)
+            return StepOutput(r.req_id, kept, r.text_delta(False), r.num_prompt_tokens, None, r.num_output_tokens,
+                              r.arrival_time)
         self.finish(r)
         text = None if r.detokenizer is None else r.detokenizer.text
         logprobs = r.logprobs if r.params.logprobs is not None else None
         out = Output(r.output_ids, text, reason, None, r.num_steps, logprobs, r.num_drafts, r.num_draft_tokens,
                      r.num_accepted_tokens)
-        return StepOutput(r.req_id, kept, r.text_delta(True), r.num_prompt_tokens, out)
+        return StepOutput(r.req_id, kept, r.text_delta(True), r.num_prompt_tokens, out, r.num_output_tokens,
+                          r.arrival_time)
 
 # %% ../nbs/08_engine.ipynb #a1b2c3d6
 @contextmanager
@@ -758,9 +764,10 @@ class SpecDecoder:
         return refused
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    on_tokens: Callable[[list[int]], None] | None = None) -> int:
-        "Queue a request (text or ids); it joins the batch at the next step that has room. Returns its id."
-        r = new_request(self, self.next_id, prompt, params or SamplingParams(), on_tokens)
+                    on_tokens: Callable[[list[int]], None] | None = None, arrival_time: float | None = None) -> int:
+        """Queue a request (text or ids); it joins the batch at the next step that has room. Returns its id.
+        arrival_time: when it arrived, on `time.perf_counter()`'s clock (default: now)."""
+        r = new_request(self, self.next_id, prompt, params or SamplingParams(), on_tokens, arrival_time)
         self.next_id += 1
         (refused,) = self._queue([r])
         if refused is not None:
@@ -865,8 +872,12 @@ def prompt_ids(engine: SpecDecoder, prompt: str | list[int], params: SamplingPar
     return ids
 
 def new_request(engine: SpecDecoder, req_id: int, prompt: str | list[int], params: SamplingParams,
-                on_tokens: Callable[[list[int]], None] | None = None) -> RequestState:
+                on_tokens: Callable[[list[int]], None] | None = None,
+                arrival_time: float | None = None) -> RequestState:
     "A checked request for `engine` with its stop ids, generators and detokenizer (not queued; the engine owns ids)."
+    if arrival_time is not None and (isinstance(arrival_time, bool) or not isinstance(arrival_time, int | float)
+                                     or not math.isfinite(arrival_time)):
+        raise TypeError(f"arrival_time must be None or a finite number of seconds, got {arrival_time!r}")
     ids = prompt_ids(engine, prompt, params)
     eos = getattr(engine.tokenizer, "eos_token_id", None)
     stop_ids = frozenset(params.stop_token_ids) | ({eos} if eos is not None and not params.ignore_eos else set())
@@ -875,8 +886,9 @@ def new_request(engine: SpecDecoder, req_id: int, prompt: str | list[int], param
                          "them: no token could be sampled")
     target_gen, draft_gen = _gens(params, engine.gen, engine.device)
     detokenizer = None if engine.tokenizer is None else Detokenizer(engine.tokenizer, params.stop, stop_ids)
+    arrival = time.perf_counter() if arrival_time is None else float(arrival_time)
     return RequestState(req_id, ids, len(ids), params, stop_ids, target_gen, draft_gen, detokenizer,
-                        on_tokens=on_tokens)
+                        on_tokens=on_tokens, arrival_time=arrival)
 
 # %% ../nbs/08_engine.ipynb #a1b2c3d7
 def request_blocks(engine: SpecDecoder, r: RequestState) -> int:

@@ -5,11 +5,11 @@
 # %% auto #0
 __all__ = ['TTFT_BUCKETS', 'E2E_BUCKETS', 'FINISHED_REASONS', 'Event', 'Command', 'MAX_N', 'PROCESSORS', 'PARAMS', 'NO_EFFECT',
            'UNSUPPORTED', 'SPEC_COUNTERS', 'load_engine', 'Histogram', 'ServerStats', 'Delta', 'Done', 'Failed',
-           'Disconnect', 'Stream', 'Tracked', 'Add', 'Abort', 'Call', 'Stop', 'EngineError', 'EngineLoop',
-           'next_commands', 'run_loop', 'run_command', 'add_request', 'abort_request', 'close_all', 'step_once',
-           'deliver', 'publish', 'APIError', 'error_body', 'error_response', 'on_api_error', 'on_validation_error',
-           'on_http_error', 'StreamOptions', 'CompletionRequest', 'check_prompt', 'check_prompts', 'check_stop',
-           'check_fields', 'request_params', 'bad_words_ids', 'error_param', 'sse', 'usage', 'choice', 'logprobs_json',
+           'Disconnect', 'Stream', 'Add', 'Abort', 'Call', 'Stop', 'EngineError', 'EngineLoop', 'next_commands',
+           'run_loop', 'run_command', 'add_request', 'abort_request', 'close_all', 'step_once', 'deliver', 'publish',
+           'APIError', 'error_body', 'error_response', 'on_api_error', 'on_validation_error', 'on_http_error',
+           'StreamOptions', 'CompletionRequest', 'check_prompt', 'check_prompts', 'check_stop', 'check_fields',
+           'request_params', 'bad_words_ids', 'error_param', 'sse', 'usage', 'choice', 'logprobs_json',
            'chat_logprobs_json', 'spec_json', 'submit', 'Choices', 'submit_all', 'echo_prompt', 'final_choice',
            'sse_events', 'watch_disconnect', 'completion_json', 'create_completion', 'ChatRequest', 'chat_prompt',
            'chat_echo', 'chat_choice', 'chat_events', 'create_chat_completion', 'health', 'list_models', 'metrics',
@@ -156,13 +156,6 @@ class Stream:
         except RuntimeError:                 # the event loop is closed: nobody is listening any more
             pass
 
-@dataclass(eq=False)
-class Tracked:
-    "The engine thread's record of a request a handler waits on: where its events go, when it came, tokens so far."
-    stream: Stream
-    arrival: float                           # time.perf_counter() when the handler received it
-    num_tokens: int = 0                      # output tokens delivered (0: its prompt has not been processed yet)
-
 # %% ../nbs/11_serve.ipynb #b95b0051
 @dataclass(frozen=True)
 class Add:
@@ -201,7 +194,7 @@ class EngineLoop:
             raise ValueError("engine needs a tokenizer: the server speaks text")
         self.engine = engine
         self.commands = queue.SimpleQueue()
-        self.requests = {}                   # req_id -> Tracked, while a handler waits on it
+        self.streams = {}                    # req_id -> Stream, while a handler waits on the request
         K = engine.kappa_max if engine.drafter is not None else 0
         self.stats = ServerStats(K, SpecMetrics(0, 0, 0, [0] * K) if K else None)   # zeros before any step
         self.snapshot = copy.deepcopy(self.stats)
@@ -318,31 +311,31 @@ def add_request(lp: EngineLoop, command: Add) -> None:
         if command.fill:                         # max_tokens null: whatever the context leaves after the prompt
             prompt = prompt_ids(lp.engine, prompt, params)
             params = replace(params, max_tokens=max(1, lp.engine.context - len(prompt)))
-        req_id = lp.engine.add_request(prompt, params)
+        req_id = lp.engine.add_request(prompt, params, arrival_time=command.arrival)
     except Exception as e:                       # ValueError/TypeError: the request's fault, a 400
         fut.set_exception(e)
         return
-    lp.requests[req_id] = Tracked(command.stream, command.arrival)
+    lp.streams[req_id] = command.stream
     fut.set_result(req_id)
 
 def abort_request(lp: EngineLoop, req_id: int) -> None:
     "Forget a request whose client left and free its blocks (a no-op if it has finished meanwhile)."
-    if lp.requests.pop(req_id, None) is None:   # finished (its Done is on the way) or already aborted
+    if lp.streams.pop(req_id, None) is None:    # finished (its Done is on the way) or already aborted
         return
-    lp.engine.abort(req_id)                      # tracked means unfinished: both change only in this thread
+    lp.engine.abort(req_id)                      # a stream means unfinished: both change only in this thread
     lp.stats.request_success["abort"] += 1
 
 def close_all(lp: EngineLoop, message: str, status: int = 503) -> None:
     "Fail every open request with `message` (and drop it from the engine); commands still queued fail too."
-    for req_id, t in list(lp.requests.items()):
+    for req_id, stream in list(lp.streams.items()):
         try:
             lp.engine.abort(req_id)
         except ValueError:                       # it finished inside the step that failed
             pass
         except Exception:                        # an engine that just failed may fail again: the client still hears
             _log.exception("speclab serve: could not abort request %s", req_id)
-        t.stream.put(Failed(t.stream.index, status, message))
-    lp.requests.clear()
+        stream.put(Failed(stream.index, status, message))
+    lp.streams.clear()
     while lp.closed:
         try:
             command = lp.commands.get_nowait()
@@ -359,7 +352,7 @@ def step_once(lp: EngineLoop) -> list[tuple[Stream, Event]]:
     try:
         return deliver(lp, lp.engine.step())
     except Exception as e:
-        _log.exception("speclab serve: an engine step failed; failing %d open request(s)", len(lp.requests))
+        _log.exception("speclab serve: an engine step failed; failing %d open request(s)", len(lp.streams))
         close_all(lp, f"the engine failed: {type(e).__name__}: {e}", status=500)
         if lp.engine.has_unfinished():          # requests we could not abort: this engine cannot go on
             lp.error = f"the engine failed and could not recover: {type(e).__name__}: {e}"
@@ -369,26 +362,25 @@ def deliver(lp: EngineLoop, outputs: list[StepOutput]) -> list[tuple[Stream, Eve
     "Count each request's new tokens; the events to send: new text to streams, a Done to each finished request."
     now, s, events = time.perf_counter(), lp.stats, []
     for out in outputs:
-        t = lp.requests.get(out.req_id)
-        if t is None:
+        stream = lp.streams.get(out.req_id)
+        if stream is None:
             continue
-        if out.new_token_ids and not t.num_tokens:     # its first token: the prompt has been processed
+        if out.new_token_ids and out.num_output_tokens == len(out.new_token_ids):   # its first tokens: prompt done
             s.prompt_tokens += out.num_prompt_tokens
-            s.ttft.observe(now - t.arrival)
-        t.num_tokens += len(out.new_token_ids)
+            s.ttft.observe(now - out.arrival_time)
         s.generation_tokens += len(out.new_token_ids)
         if out.finished is None:
-            if t.stream.deltas and out.new_text:
-                events.append((t.stream, Delta(t.stream.index, out.new_text)))
+            if stream.deltas and out.new_text:
+                events.append((stream, Delta(stream.index, out.new_text)))
             continue
-        del lp.requests[out.req_id]
+        del lp.streams[out.req_id]
         done = out.finished
         s.request_success[done.finish_reason] = s.request_success.get(done.finish_reason, 0) + 1
-        s.e2e.observe(now - t.arrival)
-        shape = chat_logprobs_json if t.stream.chat else logprobs_json
+        s.e2e.observe(now - out.arrival_time)
+        shape = chat_logprobs_json if stream.chat else logprobs_json
         lps = None if done.logprobs is None else shape(done.token_ids, done.logprobs, lp.engine.tokenizer)
-        text = out.new_text if t.stream.deltas else done.text
-        events.append((t.stream, Done(t.stream.index, text, done, out.num_prompt_tokens, lps)))
+        text = out.new_text if stream.deltas else done.text
+        events.append((stream, Done(stream.index, text, done, out.num_prompt_tokens, lps)))
     return events
 
 def publish(lp: EngineLoop) -> None:

@@ -43,8 +43,10 @@ SamplingParams accepts decodes, max_tokens and stop tokens are exact, the metric
 a scripted drafter, bad requests fail alone, bad arguments raise naming the argument. The synthetic (timing) mode
 is checked in tests/test_acceptance.py (it is Chapter 9's benchmark component, not part of the engine).
 """
+import itertools
 import os
 import re
+import time
 import zlib
 from functools import lru_cache
 
@@ -559,3 +561,28 @@ def test_plain_sampler_draws_the_rejection_samplers_bonus(mix):
     bonus = rejection_sampler(md, logits, None, sampling)[:, 0]
     assert (rows is not None) == (mix == "processed")
     assert torch.equal(plain, bonus)
+
+
+def test_step_outputs_carry_arrival_time_and_output_count():
+    """Each StepOutput reports its request's arrival_time (given, or the time add_request ran) and how many tokens it
+    has emitted so far: what the server's latency figures read, with no record of its own. A bad arrival_time is
+    refused, naming it, before anything is queued."""
+    eng = SpecDecoder(pair()[0], make_drafter("model"), kappa=3, seed=1)
+    t0 = time.perf_counter()
+    a = eng.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=7), arrival_time=12.5)
+    b = eng.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=5))
+    seen = {a: [], b: []}
+    while eng.has_unfinished():
+        for out in eng.step():
+            seen[out.req_id].append(out)
+    for rid, n in ((a, 7), (b, 5)):
+        counts = [o.num_output_tokens for o in seen[rid]]
+        assert counts == list(itertools.accumulate(len(o.new_token_ids) for o in seen[rid])), counts
+        assert counts[-1] == n and seen[rid][-1].finished is not None
+    assert {o.arrival_time for o in seen[a]} == {12.5}
+    (arrival_b,) = {o.arrival_time for o in seen[b]}
+    assert t0 <= arrival_b <= time.perf_counter()
+    for bad in ("now", float("nan"), True):
+        with pytest.raises(TypeError, match="arrival_time"):
+            eng.add_request(PROMPT, arrival_time=bad)
+    assert not eng.has_unfinished() and eng.next_id == 2

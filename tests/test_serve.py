@@ -91,7 +91,7 @@ def idle_and_free(lp, timeout=60):
     deadline = time.monotonic() + timeout
     while True:
         state = lp.call(lambda e: (e.has_unfinished(), e.block_manager.free_blocks, e.block_manager.num_blocks,
-                                   len(lp.requests))).result(timeout=timeout)
+                                   len(lp.streams))).result(timeout=timeout)
         if (not state[0] and state[1] == state[2] and state[3] == 0) or time.monotonic() > deadline:
             return state
         time.sleep(0.05)
@@ -243,7 +243,7 @@ def hold_until_a_command(lp, timeout=60):
     without a disconnect ever reaching the engine. The held step runs afterwards; the hold then removes itself."""
     def install(engine):
         def held_step():
-            if any(t.num_tokens for t in lp.requests.values()):
+            if any(r.num_output_tokens for r in engine.requests.values()):
                 deadline = time.monotonic() + timeout
                 while lp.commands.empty() and time.monotonic() < deadline:
                     time.sleep(0.01)
@@ -268,7 +268,7 @@ def test_stream_disconnect_frees_blocks(client, server):
                                                         "ignore_eos": True}) as r:
         first = next(line for line in r.iter_lines() if line.startswith("data: "))
         assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
-        assert len(lp.requests) == 1                     # held: it cannot finish before we hang up
+        assert len(lp.streams) == 1                     # held: it cannot finish before we hang up
     unfinished, free, total, tracked = idle_and_free(lp)
     assert (unfinished, free, tracked) == (False, total, 0)
     assert aborted(client) == before + 1
@@ -293,7 +293,7 @@ def test_late_request_joins_the_batch(client, server):
     def install(engine):
         "Hold the engine (bounded) once the long request has tokens, until the short one's Add arrives; then log."
         def step():
-            if not log and any(t.num_tokens for t in lp.requests.values()):
+            if not log and any(r.num_output_tokens for r in engine.requests.values()):
                 deadline = time.monotonic() + 60
                 while lp.commands.empty() and time.monotonic() < deadline:
                     time.sleep(0.01)
