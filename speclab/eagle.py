@@ -29,7 +29,7 @@ from .kv import PagedKV
 from .model import (Attend, Llama, LlamaArgs, PagedBatch, RMSNorm, _layer, decoder_layer, load_model,
                            paged_attend, paged_batch, paged_cache, rope_cos_sin, rope_inv_freq)
 from .sampling import draw_tokens
-from .train import causal_attend, distill_loss, lr_at, shipped_heldout_ids, tiny_pair_path
+from .train import causal_attend, lr_at, shipped_heldout_ids, tiny_pair_path
 
 # %% ../nbs/12_eagle.ipynb #62216081
 def eagle3_layers(num_layers: int) -> tuple[int, ...]:
@@ -144,29 +144,35 @@ def ttt_attend(saved: list, level: int) -> Attend:
     return attend
 
 def eagle_losses(head: EagleHead, target: Llama, features: torch.Tensor, top: torch.Tensor, tokens: torch.Tensor,
-                 ttt_steps: int = 0) -> tuple[list, list]:
-    """Distillation loss and top-1 agreement per level on windows: level 0 reads the target's features, level k its own
-    hidden state from k steps back (training-time test). features [B, T, f], top [B, T, h], tokens [B, T]."""
+                 ttt_steps: int = 0, bf16: bool = False) -> tuple[list, list]:
+    """Distillation loss (KL(target || head)) and top-1 agreement per level on windows: level 0 reads the target's
+    features, level k its own hidden state from k steps back (training-time test). features [B, T, f], top [B, T, h],
+    tokens [B, T]; bf16: the head's matrix products in bfloat16 (autocast; weights and the loss stay float32)."""
     T = tokens.shape[1] - 1
-    g = head.fc(features[:, :-1])                                     # the feature of position p - 1 ...
-    tok = tokens[:, 1:]                                               # ... joins the token at p
     with torch.no_grad():
-        teacher = head_logits(target, top[:, 1:])                     # the target's next-token logits at p
+        teacher = head_logits(target, top[:, 1:]).float()              # the target's next-token logits at p
         want = teacher.argmax(-1)
-    cos, sin = rope_cos_sin(head.inv_freq, torch.arange(T, device=tokens.device), g.dtype)
+        p = teacher.softmax(-1)
+        neg_entropy = (p * teacher.log_softmax(-1)).sum(-1)             # KL's constant part, once for all levels
+    tok = tokens[:, 1:]                                               # the token at p joins ...
     saved, losses, agree = [], [], []
-    for level in range(ttt_steps + 1):
-        hidden = head_hidden(head, target, g, tok, cos, sin, ttt_attend(saved, level))
-        logits = head_logits(target, hidden)
-        losses.append(distill_loss(logits[:, level:], teacher[:, level:]))
-        agree.append(float((logits[:, level:].argmax(-1) == want[:, level:]).float().mean()))
-        g = torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], 1)   # position p now reads p - 1's own state
+    with torch.autocast(features.device.type, dtype=torch.bfloat16, enabled=bf16):
+        g = head.fc(features[:, :-1])                                 # ... the feature of position p - 1
+        cos, sin = rope_cos_sin(head.inv_freq, torch.arange(T, device=tokens.device), features.dtype)
+        for level in range(ttt_steps + 1):
+            hidden = head_hidden(head, target, g, tok, cos, sin, ttt_attend(saved, level))
+            z = head_logits(target, hidden)[:, level:].float()
+            kl = neg_entropy[:, level:] + torch.logsumexp(z, -1) - (p[:, level:] * z).sum(-1)
+            losses.append(kl.mean())
+            agree.append(float((z.argmax(-1) == want[:, level:]).float().mean()))
+            g = torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], 1)   # p now reads p - 1's own state
     return losses, agree
+
 
 # %% ../nbs/12_eagle.ipynb #9862a5ed
 def train_head(head: EagleHead, target: Llama, store: dict, steps: int, ckpt: str | Path | None = None, *,
                ttt_steps: int = 2, batch_size: int = 8, seq_len: int = 256, lr: float = 2e-3, warmup: int = 30,
-               seed: int = 0, progress: bool = True) -> list[dict]:
+               seed: int = 0, bf16: bool = False, progress: bool = True) -> list[dict]:
     "Distil the head from stored features (level 0 + ttt_steps levels of its own states); resumes from ckpt."
     from tqdm.auto import tqdm
     if steps < 1:
@@ -179,8 +185,8 @@ def train_head(head: EagleHead, target: Llama, store: dict, steps: int, ckpt: st
     for p in target.parameters():
         p.requires_grad_(False)
     dtype = head.fc.weight.dtype
-    feats = store_features(store, head.feature_layers, dtype)
-    top = store["hidden"][:, :, store["layers"].index(target.args.num_layers)].to(dtype)
+    feats = store_features(store, head.feature_layers, store["hidden"].dtype)      # cast per batch, not all at once
+    top = store["hidden"][:, :, store["layers"].index(target.args.num_layers)]
     opt = torch.optim.AdamW(head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     start, log = 0, []
     ckpt = None if ckpt is None else Path(ckpt)
@@ -199,7 +205,8 @@ def train_head(head: EagleHead, target: Llama, store: dict, steps: int, ckpt: st
         rows = torch.randint(0, W, (batch_size,), generator=g)
         offs = torch.randint(0, L - seq_len, (batch_size,), generator=g)
         win = rows[:, None], offs[:, None] + torch.arange(seq_len + 1)
-        losses, agree = eagle_losses(head, target, feats[win], top[win], store["tokens"][win], ttt_steps)
+        losses, agree = eagle_losses(head, target, feats[win].to(dtype), top[win].to(dtype), store["tokens"][win],
+                                     ttt_steps, bf16)
         loss = sum(losses) / len(losses)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -456,8 +463,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
                                 description="Train an EAGLE-3-style head on the shipped tiny target (Chapter 12).")
     p.add_argument("--out", default="tiny-eagle", help="output folder (a checkpoint there makes a rerun resume)")
     p.add_argument("--target", default=None, help="target checkpoint folder (default: the shipped tiny target)")
-    p.add_argument("--steps", type=int, default=240)
-    p.add_argument("--windows", type=int, default=192, help="training windows whose features are stored")
+    p.add_argument("--steps", type=int, default=3500)
+    p.add_argument("--windows", type=int, default=768, help="training windows whose features are stored")
     p.add_argument("--window", type=int, default=512)
     p.add_argument("--heldout-windows", type=int, default=32)
     p.add_argument("--features", choices=["eagle3", "last"], default="eagle3",
@@ -465,16 +472,21 @@ def main(argv: Sequence[str] | None = None) -> dict:
     p.add_argument("--ttt-steps", type=int, default=2, help="levels of training-time test (0: none)")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--fp32", action="store_true", help="train in float32 (default: bfloat16 matrix products)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (1: on a shared 2-core machine two threads wait on each other)")
     p.add_argument("--features-cache", default=None, help="a .pt file: the stored features, reused when present")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)
-    for k in ("steps", "windows", "window", "heldout_windows", "batch_size", "seq_len"):
+    for k in ("steps", "windows", "window", "heldout_windows", "batch_size", "seq_len", "warmup", "threads"):
         if getattr(a, k) < 1:
             p.error(f"--{k.replace('_', '-')} must be >= 1")
     if a.ttt_steps < 0:
         p.error("--ttt-steps must be >= 0")
+    torch.set_num_threads(a.threads)
     t_start = time.perf_counter()
     folder = Path(a.target) if a.target else tiny_pair_path("target")
     target = load_model(folder)
@@ -496,7 +508,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     layers = eagle3_layers(n) if a.features == "eagle3" else last_layer(n)
     head = init_head(target, layers, a.seed)
     log = train_head(head, target, store, a.steps, out / "head.ckpt", ttt_steps=a.ttt_steps, batch_size=a.batch_size,
-                     seq_len=a.seq_len, lr=a.lr, seed=a.seed, progress=not a.no_progress)
+                     seq_len=a.seq_len, lr=a.lr, warmup=a.warmup, seed=a.seed, bf16=not a.fp32,
+                     progress=not a.no_progress)
     agreement = heldout_agreement(head, target, held_store, max(a.ttt_steps, 2))
     result = {"corpus_digest": digest, "python": sys.version.split()[0], "args": vars(a),
               "feature_layers": list(layers), "train_tokens": a.windows * a.window,
