@@ -345,12 +345,12 @@ def plant_fault(engine: Any, fault: str | None) -> None:
     if fault in ("shared_rng", "seed_ignored"):
         add, seed = original[1], int(engine.gen.initial_seed())
 
-        def add_request(prompt, params=None, on_tokens=None):
+        def add_request(prompt, params=None, on_tokens=None, arrival_time=None):
             if fault == "seed_ignored" and params is not None and params.seed is not None:
                 params = replace(params, seed=None)
             if fault == "shared_rng" and (params is None or params.seed is None) and not engine.has_unfinished():
                 engine.gen.manual_seed(seed)          # BUG: every request that finds the engine idle restarts it
-            return add(prompt, params, on_tokens)
+            return add(prompt, params, on_tokens, arrival_time)
         engine.add_request = add_request
     elif fault is not None:
         engine.sampler = faulty_sampler(engine, fault, original[0])
