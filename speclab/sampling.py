@@ -8,10 +8,11 @@ __all__ = ['PROB_TOL', 'PLACEHOLDER_TOKEN_ID', 'FIXED_POINT', 'cu_num_draft_toke
            'generate_residual_coins', 'random_sample', 'residual_rows', 'request_of_row', 'recovered_exponential',
            'fixed_point_widths', 'recovered_inverse_cdf', 'chain_sample', 'block_weights', 'block_sample',
            'mean_accepted', 'repeat_rows', 'get_backend', 'rejection_sample', 'apply_temperature', 'apply_top_k',
-           'top_p_mask_sort', 'top_p_mask_partial', 'apply_min_p', 'sampling_probs', 'token_counts', 'position_counts',
-           'position_recent', 'ProcessorRows', 'apply_penalties', 'apply_min_tokens', 'apply_bad_words',
-           'process_logits', 'draw_tokens', 'fixed_point_pick', 'tree_children', 'tree_verify', 'tree_step',
-           'SpecDecodeIndices', 'expand_batch_to_tokens', 'SamplingMetadata', 'rows_at_positions', 'rejection_sampler']
+           'top_p_mask_sort', 'top_p_mask_partial', 'apply_min_p', 'sampling_probs', 'token_counts', 'row_positions',
+           'position_counts', 'position_recent', 'ProcessorRows', 'apply_penalties', 'apply_min_tokens',
+           'apply_bad_words', 'process_logits', 'draw_tokens', 'fixed_point_pick', 'tree_children', 'tree_verify',
+           'tree_step', 'SpecDecodeIndices', 'expand_batch_to_tokens', 'SamplingMetadata', 'rows_at_positions',
+           'rejection_sampler']
 
 # %% ../nbs/03_sampling.ipynb #2171a951
 import importlib
@@ -470,6 +471,13 @@ def token_counts(token_ids: Sequence[Sequence[int]], vocab_size: int,
     counts.index_put_((rows, flat), torch.ones(len(flat), dtype=torch.int32), accumulate=True)
     return counts.to(device)
 
+def row_positions(num_draft_tokens: Sequence[int] | Tensor) -> tuple[Tensor, Tensor]:
+    "Per sampled row (request b's positions 0..n_b, request by request): its request and its position in the window."
+    n = torch.as_tensor(num_draft_tokens, dtype=torch.int64).cpu()
+    owner = torch.repeat_interleave(torch.arange(len(n)), n + 1)
+    position = torch.arange(len(owner)) - torch.repeat_interleave(torch.cumsum(n + 1, 0) - (n + 1), n + 1)
+    return owner, position
+
 def position_counts(counts: Tensor, draft_token_ids: Tensor, num_draft_tokens: Sequence[int] | Tensor) -> Tensor:
     "Counts at each sampled row (position i = 0..n_b of request b, request by request): counts[b] + d_1..d_i."
     n = torch.as_tensor(num_draft_tokens, dtype=torch.int64).cpu()
@@ -492,8 +500,7 @@ def position_recent(recent: Tensor, draft_token_ids: Tensor, num_draft_tokens: S
     "The last K generated tokens at each sampled row: request b's recent [B, K] followed by d_1..d_i, the last K kept."
     n = torch.as_tensor(num_draft_tokens, dtype=torch.int64).cpu()
     dev, K = recent.device, recent.shape[1]
-    owner = torch.repeat_interleave(torch.arange(len(n)), n + 1)
-    position = torch.arange(len(owner)) - torch.repeat_interleave(torch.cumsum(n + 1, 0) - (n + 1), n + 1)
+    owner, position = row_positions(n)
     idx, _ = padded_index(n)                           # [B, S]; slots past n_b are never read below
     drafts = draft_token_ids.to(dev).long()[idx.to(dev)] if idx.numel() else idx.to(dev)
     seq = torch.cat([recent.long(), drafts], 1)        # [B, K + S]: each request's history, then its drafts
@@ -800,8 +807,7 @@ def _check_sampler_inputs(metadata, logits, draft_probs, sampling) -> None:
 def rows_at_positions(processors: ProcessorRows, metadata: SpecDecodeIndices) -> ProcessorRows:
     "Per-request processor inputs -> one per sampled row: the settings repeated, the history grown by earlier drafts."
     n = torch.as_tensor(metadata.num_draft_tokens, dtype=torch.int64)
-    owner = torch.repeat_interleave(torch.arange(len(n)), n + 1)
-    position = torch.arange(len(owner)) - torch.repeat_interleave(torch.cumsum(n + 1, 0) - (n + 1), n + 1)
+    owner, position = row_positions(n)
     rows = {f.name: getattr(processors, f.name) for f in fields(ProcessorRows)}
     grown = ("output_counts", "recent_tokens")     # built below from the drafts
     rows = {k: None if x is None or k in grown else x[owner.to(x.device)] for k, x in rows.items()}
