@@ -82,6 +82,9 @@ def test_exact_pair_passes(pair, tmp_path):
 # > 0.5); recovered from p: TV 0.25 at 'with open(' (t0.8, p0.6); a bonus after a rejection: the second token's
 # law moves (caught at TV-bound 0.5 budgets in trials); rolled q rows: laws at concurrency 8 and seeds; shared stream:
 # every pair identical at concurrency 1 (reference: ~0.1); seed ignored: same-seed agreement 1 -> ~0.1.
+# Batch-dependent q rows: same-seed agreement 1 -> 0.13..0.42 (mean 0.26 over 20 trial audits, a second core busy),
+# since a request's draws depend on which others share its steps. Fisher's test on 24 pairs flags <= 16/24 at Holm's
+# first threshold: power 0.996 at 0.42, 1.0 at 0.27 (6 seeds, 12 pairs, had 0.80 at 0.27 and missed once in CI).
 # Penalties per step: at repetition_penalty 3 after '        self.', a 16-token completion holds a token repeating
 # one of the 3 before it in 23% of the faulty server's completions against 1.7% of the reference's (138/600 and
 # 10/600 over seven trial audits); at 120 completions per server the repeats test (two bins in the trials) fires at Holm's first
@@ -94,7 +97,7 @@ CASES = [
      "with open("),
     ("bonus_after_reject", dict(budget=500, settings=TOP_P, prompts=["# Copyright", "if __name__ =="]), "laws",
      "t0.8,p0.6"),
-    ("batch_dependent", dict(budget=400, settings=TOP_P, num_seeds=6), "", ""),
+    ("batch_dependent", dict(budget=400, settings=TOP_P, num_seeds=12), "seeds", "same seed"),
     ("shared_rng", dict(budget=200, settings=T1, concurrency_n=40), "concurrency", "concurrency 1"),
     ("seed_ignored", dict(budget=200, settings=T1, num_seeds=8), "seeds", "same seed"),
     ("penalties_per_step", dict(budget=246, settings={}, penalties=REPEAT3, repeat_tokens=16, concurrency=16,
