@@ -21,18 +21,23 @@ the gap). The shipped head (3,500 steps of 4 x 128 tokens, 16.7 min on one core)
 greedy on the same 8 prompts at kappa 1, 3 and 5 (mean acceptance length, deterministic); benchmarks/RESULTS.md has
 the figures at temperature 0 and 1 with their confidence intervals.
 """
+import atexit
+import json
+import shutil
+import tempfile
 from functools import lru_cache
 
 import numpy as np
 import pytest
 import torch
 
-from speclab.eagle import EagleDrafter, EagleHead, eagle_drafter, eagle_path, init_head, load_head, save_head
+from speclab.eagle import (EagleDrafter, EagleHead, eagle3_hidden, eagle3_logits, eagle_drafter, eagle_path, init_head,
+                           is_eagle_head, load_eagle3, load_head, save_head, target_hidden, write_eagle3)
 from speclab.engine import SamplingParams, SpecDecoder
 from speclab.model import generate as plain_generate
-from speclab.model import load_model
+from speclab.model import load_model, rope_cos_sin
 from speclab.proof import LEVEL
-from speclab.train import eval_prompts, tiny_pair_path
+from speclab.train import causal_attend, eval_prompts, tiny_pair_path
 from test_engine import (GROUPS, TV_JOINT, V, check_law, engine_seed, greedy_case, law, law_sizes, pair,
                          pool_size, run_law)
 
@@ -87,11 +92,12 @@ def eagle(vocab_size=V, cls=EagleDrafter):
 # --- exactness --------------------------------------------------------------------------------------------------------
 
 @lru_cache(maxsize=None)
-def eagle_law_counts(kappa, sizes, cls=EagleDrafter):
-    "tests/test_engine.py's `run_law` through the EAGLE drafter (`cls`), all of a call in one batch."
-    return run_law(kappa, sizes, tuple(GROUPS), lambda call, batch: SpecDecoder(
-        pair()[0], eagle(cls=cls), kappa=kappa, max_num_seqs=len(batch), max_num_batched_tokens=2 ** 20,
-        num_blocks=pool_size(kappa, batch), seed=engine_seed(kappa, "eagle", cls.__name__, sizes, call)))
+def eagle_law_counts(kappa, sizes, cls=EagleDrafter, kind="eagle", groups=tuple(GROUPS)):
+    "tests/test_engine.py's `run_law` through the EAGLE drafter (`cls`, this chapter's head or an EAGLE-3 one)."
+    make = eagle if kind == "eagle" else eagle3
+    return run_law(kappa, sizes, groups, lambda call, batch: SpecDecoder(
+        pair()[0], make(cls=cls), kappa=kappa, max_num_seqs=len(batch), max_num_batched_tokens=2 ** 20,
+        num_blocks=pool_size(kappa, batch), seed=engine_seed(kappa, kind, cls.__name__, sizes, call)))
 
 
 @pytest.mark.xdist_group("eagle-law")                 # the four settings share one eagle_law_counts call
@@ -299,3 +305,203 @@ def test_cli_sweep_with_the_head(capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "--method eagle3" in out and "crossing (speedup = 1)" in out and "Chapter 2 predicts" in out
+
+
+# --- a published EAGLE-3 head (vLLM's layout) -------------------------------------------------------------------------
+
+E3_LAYERS = (0, 1, 2)            # all three hidden states of the 2-layer tiny target (vLLM's default needs n >= 4)
+E3_GROUPS = ((0.7, 3), (1.0, 0))  # two of the grid's settings: top-k and plain sampling
+
+
+@lru_cache(maxsize=None)
+def eagle3_folder(vocab_size=V, weights="safetensors"):
+    """A random EAGLE-3 folder for the tiny target, written once: std 0.5 weights (peaked q, unlike the target's), a
+    draft vocabulary of 3/4 of the target's (q = 0 on the rest), vLLM's names and config keys."""
+    d = tempfile.mkdtemp(prefix="speclab-eagle3-")
+    atexit.register(shutil.rmtree, d, True)
+    return write_eagle3(d, pair(vocab_size)[0], E3_LAYERS, vocab_size * 3 // 4, seed=3, std=0.5, weights=weights)
+
+
+def eagle3(vocab_size=V, cls=EagleDrafter):
+    target = pair(vocab_size)[0]
+    return cls(load_eagle3(eagle3_folder(vocab_size), target), target)
+
+
+def _rms(x, w, eps):
+    return w * x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+
+
+def _rope(x, pos, theta):
+    "Rotate-half RoPE on x [T, heads, d] at integer positions pos [T]."
+    d = x.shape[-1]
+    ang = pos[:, None].double() / theta ** (torch.arange(0, d, 2).double() / d)
+    cos, sin = torch.cat([ang, ang], -1).cos()[:, None], torch.cat([ang, ang], -1).sin()[:, None]
+    x1, x2 = x.chunk(2, -1)
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def eagle3_reference(folder, target, tokens):
+    """vLLM's EAGLE-3 head written out from the weights file alone (float64, no speclab head code): row p reads the
+    target's fused features of p - 1 (zeros at 0) and the token at p; returns the logits over the target vocabulary
+    at every row (-inf outside the draft vocabulary)."""
+    from safetensors.torch import load_file
+    w = {k: v.double() if v.is_floating_point() else v for k, v in load_file(str(folder / "model.safetensors")).items()}
+    cfg = json.loads((folder / "config.json").read_text())
+    eps, T = cfg["rms_norm_eps"], len(tokens)
+    heads, kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    layers = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    feats = target_hidden(target, torch.tensor([tokens]), layers)[0].flatten(-2)            # [T, 3h]
+    feats = torch.cat([torch.zeros_like(feats[:1]), feats[:-1]])                            # row p: position p - 1
+    g = feats @ w["fc.weight"].T
+    e = _rms(target.model.embed_tokens.weight[tokens], w["midlayer.input_layernorm.weight"], eps)
+    x = torch.cat([e, _rms(g, w["midlayer.hidden_norm.weight"], eps)], -1)
+    pos = torch.arange(T)
+    q = _rope((x @ w["midlayer.self_attn.q_proj.weight"].T).view(T, heads, hd), pos, cfg["rope_theta"])
+    k = _rope((x @ w["midlayer.self_attn.k_proj.weight"].T).view(T, kv, hd), pos, cfg["rope_theta"])
+    v = (x @ w["midlayer.self_attn.v_proj.weight"].T).view(T, kv, hd)
+    k, v = k.repeat_interleave(heads // kv, 1), v.repeat_interleave(heads // kv, 1)
+    scores = torch.einsum("thd,shd->hts", q, k) / hd ** 0.5
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    o = torch.einsum("hts,shd->thd", scores.softmax(-1), v).reshape(T, heads * hd)
+    r = g + o @ w["midlayer.self_attn.o_proj.weight"].T
+    m = _rms(r, w["midlayer.post_attention_layernorm.weight"], eps)
+    gate, up = m @ w["midlayer.mlp.gate_proj.weight"].T, m @ w["midlayer.mlp.up_proj.weight"].T
+    r = r + (torch.nn.functional.silu(gate) * up) @ w["midlayer.mlp.down_proj.weight"].T
+    z = _rms(r, w["norm.weight"], eps) @ w["lm_head.weight"].T
+    out = torch.full((T, cfg["vocab_size"]), float("-inf"), dtype=torch.float64)
+    out[:, torch.arange(len(w["d2t"])) + w["d2t"]] = z
+    return out
+
+
+def test_eagle3_head_is_vllms_math():
+    """The loaded head (q/k/v and gate/up fused, Chapter 7's RoPE and norms) gives the logits of vLLM's EAGLE-3 layer
+    written out above from the weights file's tensors, at every position of a 12-token window (float64)."""
+    target = pair(64)[0]
+    head = load_eagle3(eagle3_folder(64), target)
+    tokens = np.random.default_rng(0).integers(0, 64, 12).tolist()
+    feats = target_hidden(target, torch.tensor([tokens]), head.feature_layers)[0].flatten(-2)
+    feats = torch.cat([torch.zeros_like(feats[:1]), feats[:-1]])
+    cos, sin = rope_cos_sin(head.inv_freq, torch.arange(12), torch.float64)
+    with torch.no_grad():
+        hidden = eagle3_hidden(head, target, head.fc(feats)[None], torch.tensor([tokens]), cos, sin, causal_attend)
+        got = eagle3_logits(head, hidden)[0]
+    want = eagle3_reference(eagle3_folder(64), target, tokens)
+    assert torch.equal(got.isinf(), want.isinf()) and int((~want.isinf()).sum(-1)[0]) == 48
+    assert torch.allclose(got[~got.isinf()], want[~want.isinf()], atol=1e-5, rtol=1e-5)   # RMSNorm rounds in fp32
+
+
+def test_eagle3_first_draft_reads_the_right_features():
+    """In the engine, the head's first greedy draft after prefill is the reference's argmax at the newest token: the
+    features of the previous position (from the verify forward) with the newest token (the bonus, never yet fed)."""
+    target = pair(64)[0]
+    prompt = np.random.default_rng(1).integers(0, 64, 9).tolist()
+    rec = Recording(eagle3(64))
+    eng = SpecDecoder(target, rec, kappa=1)
+    out = eng.generate([prompt], SamplingParams(temperature=0, max_tokens=3))[0].token_ids
+    first = next(d for d in rec.drafts[0] if d)                               # the prefill step drafts nothing
+    want = eagle3_reference(eagle3_folder(64), target, prompt + out[:1])[-1]
+    assert first == (int(want.argmax()),)
+
+
+@pytest.mark.parametrize("vocab_size,kappa", [(8, 3), (64, 1), (64, 5)], ids=["V8-kappa3", "V64-kappa1", "V64-kappa5"])
+def test_eagle3_greedy_equals_plain_greedy(vocab_size, kappa):
+    "Temperature 0 through a published-layout EAGLE-3 head (draft vocabulary 3/4): the target's greedy output."
+    prompts, max_tokens, plain = greedy_case(vocab_size)
+    eng = SpecDecoder(pair(vocab_size)[0], eagle3(vocab_size), kappa=kappa, seed=engine_seed(vocab_size, "eagle3"))
+    outs = eng.generate(prompts, [SamplingParams(temperature=0, max_tokens=m) for m in max_tokens])
+    assert [o.token_ids for o in outs] == plain
+    assert eng.metrics.num_draft_tokens > 0
+
+
+@pytest.mark.xdist_group("eagle3-law")
+@pytest.mark.parametrize("temperature,top_k", E3_GROUPS, ids=[f"T{t}-topk{k}" for t, k in E3_GROUPS])
+def test_eagle3_law_of_first_three_tokens(temperature, top_k):
+    """Through an EAGLE-3 head whose q is 0 on a quarter of the vocabulary (6 of 8 ids drafted), the engine emits the
+    target's law of three tokens at kappa 3: level 1e-3, sized to flag TV >= TV_EAGLE with probability 0.999 per
+    setting, two of the grid's settings (the recovered token must cover the ids q never drafts: Chapter 1)."""
+    s = E3_GROUPS.index((temperature, top_k))
+    sizes = law_sizes(E3_GROUPS, tv=TV_EAGLE)
+    counts, drafted = eagle_law_counts(3, sizes, EagleDrafter, "eagle3", E3_GROUPS)
+    pval, df, flags = check_law(counts[s], law(temperature, top_k), sizes[s])
+    assert drafted > 0
+    assert flags <= TV_EAGLE, "fewer samples than the stated power needs"
+    assert pval > LEVEL, f"chi-square p = {pval:.2e} on {df} df (this test flags TV >= {flags:.3f})"
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_rollback_leaves_no_stale_state_either_head(kind):
+    "The rollback test below for both heads: drafts equal those of a drafter recomputing the head from position 0."
+    make = eagle if kind == "eagle" else eagle3
+    prompts, max_tokens, plain = greedy_case(64)
+    outs, drafts, eng = _run(make(64), prompts, max_tokens)
+    ref_outs, ref_drafts, _ = _run(make(64, Recompute), prompts, max_tokens)
+    assert outs == plain == ref_outs
+    assert drafts == ref_drafts
+
+
+def test_eagle3_bin_equals_safetensors():
+    "pytorch_model.bin (torch.load, weights_only) loads the same head as model.safetensors."
+    target = pair(64)[0]
+    a = load_eagle3(eagle3_folder(64), target).state_dict()
+    b = load_eagle3(eagle3_folder(64, "bin"), target).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _broken(tmp_path, config=None, drop=(), change=None):
+    "A copy of the V = 64 folder with config keys replaced, tensors dropped, or one tensor replaced."
+    from safetensors.torch import load_file, save_file
+    src = eagle3_folder(64)
+    cfg = dict(json.loads((src / "config.json").read_text()), **(config or {}))
+    sd = {k: v for k, v in load_file(str(src / "model.safetensors")).items() if k not in drop}
+    sd.update(change or {})
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    return tmp_path
+
+
+@pytest.mark.parametrize("case,match", [
+    ({"config": {"architectures": ["LlamaForCausalLM"]}}, r"config.json: architectures is \['LlamaForCausalLM'\]"),
+    ({"config": {"hidden_size": 32}}, "config.json: hidden_size is 32, the target's is 16"),
+    ({"config": {"vocab_size": 128}}, "config.json: vocab_size is 128, the target's is 64"),
+    ({"config": {"num_hidden_layers": 2}}, "config.json: speclab loads one-layer EAGLE-3 heads"),
+    ({"config": {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 5]}}}, "eagle_aux_hidden_state_layer_ids"),
+    ({"config": {"draft_vocab_size": 100}}, "draft_vocab_size"),
+    ({"drop": ("midlayer.hidden_norm.weight",)}, r"model.safetensors: missing \['midlayer.hidden_norm.weight'\]"),
+    ({"drop": ("d2t",)}, r"model.safetensors: missing \['d2t'\]"),
+    ({"change": {"midlayer.self_attn.q_proj.weight": torch.zeros(16, 16)}},
+     r"model.safetensors: midlayer.self_attn.q_proj.weight has shape \(16, 16\), the config and target imply \(16, 32\)"),
+    ({"change": {"fc.weight": torch.zeros(16, 32)}}, r"fc.weight has shape \(16, 32\)"),
+    ({"change": {"midlayer.extra.weight": torch.zeros(3)}}, r"unexpected tensors \['midlayer.extra.weight'\]"),
+    ({"change": {"d2t": torch.full((48,), 20)}}, "d2t maps draft ids outside the target vocabulary"),
+    ({"change": {"d2t": torch.zeros(48, dtype=torch.int64)}}, "t2d does not mark the target ids"),
+], ids=["arch", "hidden", "vocab", "layers", "aux-ids", "draft-vocab", "missing-key", "missing-d2t", "q-shape",
+        "fc-shape", "unexpected", "d2t-range", "t2d"])
+def test_eagle3_bad_folder_is_named(tmp_path, case, match):
+    "A broken folder fails with a ValueError naming the file and the key, before anything is built."
+    folder = _broken(tmp_path, **case)
+    with pytest.raises(ValueError, match=match):
+        load_eagle3(folder, pair(64)[0])
+
+
+def test_eagle3_folder_files(tmp_path):
+    "No config.json or no weights file: FileNotFoundError naming what is missing; is_eagle_head knows both kinds."
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_eagle3(tmp_path, pair(64)[0])
+    (tmp_path / "config.json").write_text((eagle3_folder(64) / "config.json").read_text())
+    with pytest.raises(FileNotFoundError, match="model.safetensors or pytorch_model.bin"):
+        load_eagle3(tmp_path, pair(64)[0])
+    assert is_eagle_head(tmp_path) and is_eagle_head(eagle_path()) and not is_eagle_head(tiny_pair_path("draft"))
+
+
+def test_cli_generate_with_an_eagle3_folder(tmp_path, capsys):
+    """`speclab generate --draft DIR` with a published-layout EAGLE-3 head for the shipped target (random weights,
+    vLLM's default layers 2, 6, 9 of 12, draft vocabulary 1,024 of 4,096): the greedy text is the draft model's."""
+    from speclab.cli import main
+    write_eagle3(tmp_path / "e3", shipped(), draft_vocab_size=1024)
+    outs = {}
+    for draft in (str(tmp_path / "e3"), "tiny"):
+        argv = ["generate", "--target", "tiny", "--draft", draft, "--temperature", "0", "--max-tokens", "12",
+                "--prompt", "def f(x):"]
+        assert main(argv) == 0
+        outs[draft] = capsys.readouterr().out
+    assert outs[str(tmp_path / "e3")].split("\n")[0] == outs["tiny"].split("\n")[0]
