@@ -331,6 +331,7 @@ class PagedBatch:
     key_slots: torch.Tensor           # [B, L] slot of each key a request may read (padding: its last token's slot)
     attn_mask: torch.Tensor | None    # [B, 1, T, L] bool: query t of request b sees key l (None: every query sees all)
     groups: list                      # per query length: (rows, key_slots, attn_mask) of its requests; see below
+    key_start: int | None             # one request on the CPU whose keys fill consecutive slots: the first (a view)
     block_size: int                   # positions per block, checked against the cache
     max_block: int                    # the largest block id the step reads or writes, checked against the cache
     max_position: int                 # the largest position fed, checked against the model's context
@@ -397,6 +398,15 @@ def _touched_blocks(starts, ends, first_keys, block_tables, block_size, sliding_
                              f"table was freed (sliding_window={sliding_window})")
         max_block = max(max_block, max(touched))
     return max_block
+
+def _consecutive_start(block_tables, first_keys, ends, block_size, device):
+    "The first key's slot when the batch is one request, on the CPU, whose keys fill consecutive slots; else None."
+    if len(block_tables) != 1 or torch.device(device).type != "cpu":
+        return None
+    ids = list(block_tables[0][first_keys[0] // block_size:(ends[0] - 1) // block_size + 1])
+    if any(b != ids[0] + i for i, b in enumerate(ids)):
+        return None
+    return ids[0] * block_size + first_keys[0] % block_size
 
 def _group(n, query_lens, first_rows, ends, first_keys, key_slots, mask, device):
     "The requests that feed n tokens: their flat rows, the slots of their keys, and their mask (None: not needed)."
@@ -473,11 +483,12 @@ def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[l
         groups = [(None, key_slots.to(device), None if mask is None else mask.to(device))]
     rows = rows.to(device)
     per_request = per_request.to(device)
+    key_start = _consecutive_start(block_tables, first_keys, ends, block_size, device)
     return PagedBatch(
         token_ids=rows[0], positions=rows[1], slot_mapping=rows[2], query_lens=query_lens,
         last_token_indices=per_request[4], key_slots=key_slots.to(device),
         attn_mask=None if mask is None else mask.to(device), groups=groups, block_size=block_size,
-        max_block=max_block, max_position=max(ends) - 1, max_token_id=max(flat))
+        max_block=max_block, max_position=max(ends) - 1, max_token_id=max(flat), key_start=key_start)
 
 # %% ../nbs/07_model.ipynb #7a9e0c08
 def paged_cache(args: LlamaArgs, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32,
@@ -489,13 +500,20 @@ def paged_cache(args: LlamaArgs, num_blocks: int, block_size: int, dtype: torch.
     return [PagedKV(num_blocks, block_size, args.num_kv_heads, args.head_dim, dtype, device)
             for _ in range(args.num_layers)]
 
-def _attend_group(q, k, k_pool, v_pool, rows, key_slots, mask):
-    "Attention of one group: the queries at `rows` (None: all of q) over the keys at `key_slots` [B, L]."
+def _attend_group(q, k, k_pool, v_pool, rows, key_slots, mask, key_start=None):
+    """Attention of one group: the queries at `rows` (None: all of q) over the keys at `key_slots` [B, L], gathered;
+    or, given `key_start`, the L consecutive slots from there, read in place."""
     (B, L), (heads, hd), kv_heads = key_slots.shape, q.shape[1:], k.shape[1]   # head counts: from the layer's own
     if rows is not None:
         q = q.index_select(0, rows)
-    keys = k_pool.index_select(0, key_slots.view(-1)).view(B, L, kv_heads, hd).transpose(1, 2).to(q.dtype)
-    values = v_pool.index_select(0, key_slots.view(-1)).view(B, L, kv_heads, hd).transpose(1, 2).to(q.dtype)
+    if key_start is None:
+        k_rows = k_pool.index_select(0, key_slots.view(-1))
+        v_rows = v_pool.index_select(0, key_slots.view(-1))
+    else:
+        k_rows = k_pool.narrow(0, key_start, L)
+        v_rows = v_pool.narrow(0, key_start, L)
+    keys = k_rows.view(B, L, kv_heads, hd).transpose(1, 2).to(q.dtype)
+    values = v_rows.view(B, L, kv_heads, hd).transpose(1, 2).to(q.dtype)
     o = F.scaled_dot_product_attention(q.reshape(B, -1, heads, hd).transpose(1, 2), keys, values, attn_mask=mask,
                                        enable_gqa=heads != kv_heads)
     return o.transpose(1, 2).reshape(-1, heads, hd)                # flat rows again, in the group's order
@@ -508,7 +526,7 @@ def paged_attend(kv: PagedKV, batch: PagedBatch) -> Attend:
         k_pool.index_copy_(0, batch.slot_mapping, k.to(k_pool.dtype))
         v_pool.index_copy_(0, batch.slot_mapping, v.to(v_pool.dtype))
         if batch.groups[0][0] is None:                              # one group, the whole batch in order
-            return _attend_group(q, k, k_pool, v_pool, *batch.groups[0])
+            return _attend_group(q, k, k_pool, v_pool, *batch.groups[0], batch.key_start)
         o = torch.empty_like(q)
         for rows, key_slots, mask in batch.groups:
             o.index_copy_(0, rows, _attend_group(q, k, k_pool, v_pool, rows, key_slots, mask))
