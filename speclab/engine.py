@@ -160,24 +160,22 @@ class Output:
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"  # a request's status
 
 @dataclass(eq=False)
-class RequestState:
-    """One request, the engine's only record of it: the scheduler, the runner, the drafters and the server read it.
+class RequestState(Request):
+    """One request, the engine's only record of it: Chapter 6's `Request` (token ids, drafts in flight, computed count,
+    block table, hash chain), which the block manager holds as is, extended with what the engine keeps.
 
-    One writer per field: the scheduler writes the tokens, the status, the draft's computed count, the counters and
-    the text; the block manager its allocation (`kv`: block table and `num_computed_tokens`)."""
-    req_id: int
-    token_ids: list                    # the prompt, then every emitted token
-    num_prompt_tokens: int
+    One writer per field: the block manager writes Chapter 6's fields (only its `commit` appends to `token_ids`); the
+    scheduler the status, the draft's computed count and the counters; the rest is set once, by `new_request`."""
+    num_prompt_tokens: int             # set once: the prompt is token_ids[:num_prompt_tokens]
     params: SamplingParams
     stop_ids: frozenset                # stop token ids (the EOS included unless ignore_eos)
     target_gen: torch.Generator        # bonus tokens, acceptance coins, recovered tokens
     draft_gen: torch.Generator         # the drafter's draws
     detokenizer: Detokenizer | None = None   # its text, decoded as it grows, and its stop strings (needs a tokenizer)
-    status: str = WAITING
-    kv: Request | None = None          # Chapter 6's allocation while admitted: block table, num_computed_tokens
-    num_draft_computed: int = 0        # positions whose draft K/V are in the cache (the draft lags the target)
-    num_steps: int = 0                 # speculative steps that emitted tokens for this request
-    num_drafts: int = 0                # steps that drafted for it, drafted tokens, accepted drafts
+    status: str = WAITING              # the scheduler
+    num_draft_computed: int = 0        # positions whose draft K/V are in the cache (the draft lags): the scheduler
+    num_steps: int = 0                 # speculative steps that emitted tokens for this request: the scheduler
+    num_drafts: int = 0                # steps that drafted for it, drafted tokens, accepted drafts: the scheduler
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     logprobs: list = field(default_factory=list)           # per emitted token, when params.logprobs is set
@@ -201,31 +199,25 @@ class RequestState:
 
     @property
     def block_table(self) -> list[int]:
-        "The request's blocks in the paged pool (empty while it waits)."
-        return self.kv.block_ids if self.kv is not None else []
-
-    @property
-    def num_computed_tokens(self) -> int:
-        "Positions whose target K/V are in the cache."
-        return self.kv.num_computed_tokens if self.kv is not None else 0
+        "The request's blocks in the paged pool (Chapter 6's `block_ids`; empty while it waits)."
+        return self.block_ids
 
     def num_tokens_to_compute(self, lookahead: int = 0) -> int:
         "Target positions this step computes: the context its cache lacks plus `lookahead` drafts."
         return len(self.token_ids) - self.num_computed_tokens + lookahead
 
-    def append(self, new: list[int]) -> tuple[list[int], str | None]:
-        "Append a step's tokens up to the first stop (token, string) or max_tokens: (tokens kept, finish reason)."
+    def keep(self, new: list[int]) -> tuple[list[int], str | None]:
+        """The tokens of a step this request keeps, up to the first stop (token, string) or max_tokens, each pushed to
+        its detokenizer: (tokens kept, finish reason). Appends nothing: the block manager's commit does."""
         room = self.params.max_tokens - self.num_output_tokens
-        if self.detokenizer is None and self.stop_ids.isdisjoint(new[:room]):   # no stop can fire: one extend
-            self.token_ids += new[:room]
-            return new[:room], "length" if len(new) >= room else None
-        for i, t in enumerate(new[:room]):
-            self.token_ids.append(t)
+        kept = new[:room]
+        if self.detokenizer is None and self.stop_ids.isdisjoint(kept):   # no stop can fire
+            return kept, "length" if len(new) >= room else None
+        for i, t in enumerate(kept):
             stopped = self.detokenizer is not None and self.detokenizer.push(t)
             if t in self.stop_ids or stopped:
-                return new[:i + 1], "stop"
-        kept = new[:room]
-        return kept, "length" if self.num_output_tokens == self.params.max_tokens else None
+                return kept[:i + 1], "stop"
+        return kept, "length" if len(kept) == room else None
 
     def text_delta(self, finished: bool) -> str:
         "The text made visible since the last call (all of what is left once finished; '' without a tokenizer)."
@@ -524,9 +516,8 @@ class Scheduler:
             del self.running[r.req_id]
         elif r in self.waiting:
             self.waiting.remove(r)
-        if r.kv is not None:
+        if r.req_id in self.block_manager.requests:
             self.block_manager.finish(r.req_id)
-            r.kv = None
         r.status = FINISHED
 
     def _fits(self, r: RequestState, lookahead: int) -> bool:
@@ -563,17 +554,16 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_num_seqs:
             r = self.waiting[0]
             first = tuple(r.token_ids[:bm.block_size])
-            if r.kv is None and bm.enable_prefix_caching and len(r.token_ids) > bm.block_size and first in computing:
+            added = r.req_id in bm.requests                    # a preempted request keeps its place there
+            if not added and bm.enable_prefix_caching and len(r.token_ids) > bm.block_size and first in computing:
                 break                                          # wait one step: it will find that block cached
-            if r.kv is None:
-                bm.add_request(r.req_id, r.token_ids)
-                r.kv = bm.requests[r.req_id]
+            if not added:
+                bm.add_request(r)                              # the record itself: the block manager keeps no copy
             k = self.lookahead(r)
             need = r.num_tokens_to_compute(k)
             if (need > budget and self.running) or not self._fits(r, k):
-                if r.kv.block_ids:                             # give back the prefix hits add_request claimed
+                if r.block_ids:                                # give back the prefix hits add_request claimed
                     bm.finish(r.req_id)
-                    r.kv = None
                 break
             bm.reserve(r.req_id, k)
             r.num_draft_computed = r.num_computed_tokens       # a prefix-cache hit holds the draft's K/V too
@@ -595,23 +585,23 @@ class Scheduler:
 
     def update(self, plan: StepPlan, proposal: Proposal, output_token_ids: torch.Tensor,
                metrics: SpecMetrics, logprobs: list | None = None) -> list[StepOutput]:
-        "Apply a step: roll back rejected drafts (target and draft), count, append up to a stop, finish the done."
+        "Apply a step: keep tokens up to a stop, commit them (roll back the rest, target and draft), count, finish."
         fed = proposal.num_draft_computed or [r.num_draft_computed for r in plan.requests]
         outputs = []
         for i, (r, d, new) in enumerate(zip(plan.requests, proposal.drafts, _unpad(output_token_ids))):
             num_accepted = len(new) - 1
-            self.block_manager.commit(r.req_id, num_accepted, new)   # the target keeps context + accepted drafts
-            r.num_draft_computed = min(fed[i], len(r.token_ids) + num_accepted)   # so does the draft
+            kept, reason = r.keep(new)                         # a stop inside the run: a shorter run, still a prefix
+            self.block_manager.commit(r.req_id, len(kept) - 1, kept)  # keeps context + accepted; appends the tokens
+            r.num_draft_computed = min(fed[i], r.num_computed_tokens)   # so does the draft
             metrics.update(len(d), num_accepted)
             r.num_drafts += int(len(d) > 0)
             r.num_draft_tokens += len(d)
             r.num_accepted_tokens += num_accepted
-            outputs.append(self._emit(r, new, None if logprobs is None else logprobs[i]))
+            outputs.append(self._emit(r, kept, reason, None if logprobs is None else logprobs[i]))
         return outputs
 
-    def _emit(self, r: RequestState, new: list[int], logprobs: list | None) -> StepOutput:
-        "Append a step's tokens to r up to a stop, stream them; finish r when it is done."
-        kept, reason = r.append(new)
+    def _emit(self, r: RequestState, kept: list[int], reason: str | None, logprobs: list | None) -> StepOutput:
+        "Stream the tokens a step kept for r (already committed); finish r when it is done."
         if logprobs is not None:
             r.logprobs += logprobs[:len(kept)]
         r.num_steps += 1

@@ -16,7 +16,7 @@ import math
 import random
 from array import array
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -27,17 +27,24 @@ from .sampling import _is_int  # an int that is not a bool: one home, Chapter 3
 FREED = -1  # block-table entry of a block the sliding window has returned to the pool
 ROOT_HASH = b""  # the parent key of every sequence's first block
 
-@dataclass
+@dataclass(eq=False)
 class Request:
-    "The manager's record of one request: block table, hash chain of its full blocks, counts, the drafts in flight."
-    req_id: object
-    num_tokens: int                                    # finalized tokens: the prompt plus every emitted token
-    block_ids: list = field(default_factory=list)
-    block_hashes: list = field(default_factory=list)   # key of each full block of finalized tokens, in order
-    tail: list = field(default_factory=list)           # the finalized tokens after the last full block (< block_size)
-    num_computed_tokens: int = 0
-    num_cached_blocks: int = 0
-    spec_tokens: list | None = None
+    """A request's one record: its tokens, the drafts in flight, and its place in the paged pool. An engine extends it
+    with its own fields (Chapter 8's `RequestState`); each field below names its one writer."""
+    req_id: Hashable                   # set once, by whoever makes the record
+    token_ids: list                    # the prompt (set by whoever makes the record), then every emitted token:
+                                       # only BlockManager.commit appends
+    _: KW_ONLY
+    spec_tokens: list | None = None    # the drafts of the step in flight, None between steps: BlockManager
+    num_computed_tokens: int = 0       # positions whose K/V are cached, drafts counted until commit: BlockManager
+    block_ids: list = field(default_factory=list)      # the block table (FREED: dropped by the window): BlockManager
+    block_hashes: list = field(default_factory=list)   # key of each full block of token_ids, in order: BlockManager
+    num_cached_blocks: int = 0         # leading blocks already offered to the prefix cache: BlockManager
+
+    @property
+    def num_tokens(self) -> int:
+        "Finalized tokens, the prompt plus every emitted one: len(token_ids), not a count kept beside the list."
+        return len(self.token_ids)
 
 class Step(NamedTuple):
     "What one `allocate_slots` call asks the model to compute: the positions, and the slot receiving each one's K/V."
@@ -138,7 +145,7 @@ class BlockManager:
         self.ref_cnt = [0] * num_blocks
         self.cached = {}      # block key (hash chain) -> block id: the prefix cache
         self.block_hash = {}  # block id -> its key in `cached`
-        self.requests = {}
+        self.requests = {}    # req_id -> its Request: the very object its engine holds, when an engine registered it
 
     @property
     def free_blocks(self) -> int:
@@ -191,7 +198,7 @@ class BlockManager:
     def _lookup(self, r):
         "Leading full blocks of `r` in the prefix cache; at least one token is left to compute (for its logits)."
         hits = []
-        for key in itertools.islice(r.block_hashes, (r.num_tokens - 1) // self.block_size):
+        for key in itertools.islice(r.block_hashes, (len(r.token_ids) - 1) // self.block_size):
             b = self.cached.get(key)
             if b is None:
                 break
@@ -199,14 +206,19 @@ class BlockManager:
         return hits
 
     def _append_tokens(self, r, tokens):
-        "Count finalized tokens; with the cache on, hash each block they fill, chained to the block before."
-        r.num_tokens += len(tokens)
+        "Append finalized tokens to the record (their one writer) and hash the blocks they fill."
+        r.token_ids += tokens
+        self._hash_blocks(r)
+
+    def _hash_blocks(self, r):
+        "With the cache on, extend r's hash chain over the full blocks of its tokens not hashed yet, each chained."
         if not self.enable_prefix_caching:
             return
-        tail, size = r.tail + tokens, self.block_size
-        full = len(tail) // size * size  # one pass over the new full blocks: linear in the tokens appended
-        r.block_hashes += hash_chain(tail[:full], size, r.block_hashes[-1] if r.block_hashes else ROOT_HASH)
-        r.tail = tail[full:]
+        size, done = self.block_size, len(r.block_hashes) * self.block_size
+        full = len(r.token_ids) // size * size  # only the blocks filled since the last call: linear in the tokens
+        if full > done:
+            parent = r.block_hashes[-1] if r.block_hashes else ROOT_HASH
+            r.block_hashes += hash_chain(r.token_ids[done:full], size, parent)
 
     def _cache_block(self, b, key):
         self.cached[key], self.block_hash[b] = b, key
@@ -220,17 +232,26 @@ class BlockManager:
         r.num_cached_blocks = max(r.num_cached_blocks, end)
 
     # -- a request's life: add, allocate_slots (optimism), commit (rollback), finish, preempt --
-    def add_request(self, req_id: Hashable, prompt_tokens: Sequence[int]) -> int:
-        "Register a request; reuse the cached full blocks of its prompt. Returns the number of prompt tokens reused."
+    def add_request(self, request: Request | Hashable, prompt_tokens: Sequence[int] | None = None) -> int:
+        """Register a request: its record (an engine's own, such as Chapter 8's RequestState), or a req_id and its
+        prompt, from which a bare `Request` is made. Reuses the cached full blocks of its tokens; returns how many."""
+        is_record = isinstance(request, Request)
+        req_id = request.req_id if is_record else request
         if req_id in self.requests:
             raise ValueError(f"request id {req_id!r} already exists")
-        tokens = _check_tokens(prompt_tokens, "prompt_tokens", allow_empty=False)
-        r = self.requests[req_id] = Request(req_id, 0)
-        self._append_tokens(r, tokens)
+        if is_record and prompt_tokens is not None:
+            raise ValueError("prompt_tokens must be None when request is a Request: its token_ids are the prompt")
+        if is_record and self.check:
+            _check_tokens(request.token_ids, "prompt_tokens", allow_empty=False)
+            if not isinstance(request.token_ids, list):
+                raise ValueError(f"the request's token_ids must be a list, got {type(request.token_ids).__name__}")
+        r = request if is_record else Request(req_id, _check_tokens(prompt_tokens, "prompt_tokens", allow_empty=False))
+        r.block_ids, r.block_hashes, r.spec_tokens = [], [], None
+        self._hash_blocks(r)
         hits = self._lookup(r)
         self._take(hits)
-        r.block_ids, r.num_computed_tokens = hits, len(hits) * self.block_size
-        r.num_cached_blocks = len(hits)
+        r.block_ids, r.num_computed_tokens, r.num_cached_blocks = hits, len(hits) * self.block_size, len(hits)
+        self.requests[req_id] = r
         return r.num_computed_tokens
 
     # -- reservations ("Reserving the draft's slots" below) --
@@ -245,7 +266,7 @@ class BlockManager:
         "The prefix-cache hits a request with no blocks claims, and the fresh blocks that cover tokens + lookahead."
         hits = self._lookup(r) if not r.block_ids else []  # only a request with no blocks looks up
         held = len(r.block_ids) + len(hits)  # one of the two is empty
-        return hits, max(-(-(r.num_tokens + num_lookahead) // self.block_size) - held, 0)
+        return hits, max(-(-(len(r.token_ids) + num_lookahead) // self.block_size) - held, 0)
 
     def _grow(self, r, hits, fresh):
         "Claim `hits` (for a request with no blocks) and `fresh` new blocks, or refuse, changing nothing."
@@ -283,10 +304,11 @@ class BlockManager:
             raise ValueError(f"request {req_id!r} must write position {start}, "
                              "whose block the sliding window already freed")
         self._grow(r, hits, fresh)
-        end = r.num_tokens + len(drafts)
+        num_tokens = len(r.token_ids)
+        end = num_tokens + len(drafts)
         r.spec_tokens = drafts
         r.num_computed_tokens = end  # optimistic: every draft counted as computed
-        self._cache_blocks(r, r.num_tokens)  # finalized tokens only: drafts have no key
+        self._cache_blocks(r, num_tokens)  # finalized tokens only: drafts have no key
         b, table = self.block_size, r.block_ids
         return Step(list(range(start, end)), [table[p // b] * b + p % b for p in range(start, end)])
 
@@ -338,9 +360,11 @@ class BlockManager:
             self._release(b)
 
     def finish(self, req_id: Hashable) -> None:
-        "Drop a finished (or aborted) request and release its blocks, last block first."
-        self._release_all(self._get(req_id))
+        "Drop a finished (or aborted) request and release its blocks, last block first; its record keeps its tokens."
+        r = self._get(req_id)
+        self._release_all(r)
         del self.requests[req_id]
+        r.block_ids, r.num_computed_tokens, r.num_cached_blocks, r.spec_tokens = [], 0, 0, None
 
     def preempt(self, req_id: Hashable) -> None:
         "Release every block of a request and reset it to recompute from scratch; its hash chain and counts stay."
@@ -349,8 +373,10 @@ class BlockManager:
         r.block_ids, r.num_computed_tokens, r.num_cached_blocks, r.spec_tokens = [], 0, 0, None
 
     def state(self) -> tuple:
-        "A copy of all bookkeeping, to compare before and after an operation."
-        return copy.deepcopy((list(self.free_queue), self.ref_cnt, self.cached, self.block_hash, self.requests))
+        "A copy of the bookkeeping (each record's tokens and the manager's fields), to compare before and after."
+        records = {rid: (list(r.token_ids), copy.copy(r.spec_tokens), r.num_computed_tokens, list(r.block_ids),
+                         list(r.block_hashes), r.num_cached_blocks) for rid, r in self.requests.items()}
+        return list(self.free_queue), list(self.ref_cnt), dict(self.cached), dict(self.block_hash), records
 
     # -- tree drafts ("Tree drafts: compacting the accepted path" below) --
     def tree_path_moves(self, req_id: Hashable, path: Sequence[int]) -> tuple[list[int], list[int]]:
@@ -434,15 +460,16 @@ def scratch_attention(tokens: Sequence[int], q: torch.Tensor, lo: int = 0, num_k
 
 def toy_step(manager: BlockManager, kv: PagedKV, req_id: Hashable, tokens: list[int], draft_tokens: Sequence[int],
              num_accepted: int, next_token: int) -> Step:
-    """Schedule, write K/V for every scheduled position (drafts included), commit n accepted drafts + `next_token`.
-    `tokens` is the caller's list of the request's finalized tokens (the engine's record); it grows by the emitted."""
+    """Schedule, write K/V for every scheduled position (the record's tokens, then the drafts), commit n accepted drafts
+    + `next_token`. `tokens`: the caller's own account of the finalized tokens (not the record's list); it grows too."""
     drafts = list(draft_tokens)
     s = manager.allocate_slots(req_id, drafts)
-    token_ids = list(tokens[s.positions[0]:]) + drafts
+    token_ids = manager.requests[req_id].token_ids[s.positions[0]:] + drafts
     kv.write(s.slot_mapping, *toy_kv(token_ids, s.positions, *kv.k.shape[2:], dtype=kv.k.dtype))
     emitted = drafts[:num_accepted] + [next_token]
     manager.commit(req_id, num_accepted, emitted)
-    tokens += emitted
+    if tokens is not manager.requests[req_id].token_ids:  # the record's own list: commit has appended already
+        tokens += emitted
     return s
 
 # %% ../nbs/06_kv.ipynb #057ebf17
@@ -454,7 +481,7 @@ class BuggyPrefixManager(BlockManager):
         if not self.enable_prefix_caching:
             return step
         key, i = r.block_hashes[-1] if r.block_hashes else ROOT_HASH, len(r.block_hashes)
-        pending = r.tail + list(draft_tokens)
+        pending = r.token_ids[i * size:] + list(draft_tokens)  # the partial block's tokens, then the drafts
         while len(pending) >= size:  # BUG: a block of finalized tokens *and drafts* gets a key
             key, pending = block_hash(key, pending[:size]), pending[size:]
             if r.block_ids[i] != FREED and key not in self.cached:
@@ -507,12 +534,14 @@ def check_invariants(manager: BlockManager, kv: PagedKV | None = None,
             bad.append(f"{r.req_id!r}: num_computed_tokens {r.num_computed_tokens} > num_tokens - 1 between steps")
         if len(r.block_ids) * m.block_size < r.num_computed_tokens:
             bad.append(f"{r.req_id!r}: block table shorter than its computed length")
+        full = len(r.token_ids) // m.block_size if m.enable_prefix_caching else 0
+        if len(r.block_hashes) != full:
+            bad.append(f"{r.req_id!r}: its hash chain has {len(r.block_hashes)} keys for {full} full blocks")
         if r.req_id in by_id:
             t = list(by_id[r.req_id])
-            full = len(t) // m.block_size * m.block_size if m.enable_prefix_caching else len(t)
             chain = hash_chain(t, m.block_size) if m.enable_prefix_caching else []
-            if (r.num_tokens, r.block_hashes, r.tail) != (len(t), chain, t[full:]):
-                bad.append(f"{r.req_id!r}: its count, hash chain or tail is not that of its finalized tokens")
+            if (r.token_ids, r.block_hashes) != (t, chain):
+                bad.append(f"{r.req_id!r}: its tokens or hash chain are not those of its finalized tokens")
     for b in range(m.num_blocks):
         if owners[b] != m.ref_cnt[b]:
             bad.append(f"leak: block {b} has count {m.ref_cnt[b]} but {owners[b]} owners")
@@ -603,7 +632,7 @@ def _play(manager, ops, num_blocks=12, block_size=4, sliding_window=None,
           enable_prefix_caching=True) -> tuple[int, list[str]]:
     "Index of the first operation after which an invariant fails, and the violations; (len(ops), []) if none."
     m = manager(num_blocks, block_size, sliding_window, enable_prefix_caching=enable_prefix_caching)
-    kv, history = PagedKV(num_blocks, block_size), {}  # history: each request's finalized tokens, the engine's record
+    kv, history = PagedKV(num_blocks, block_size), {}  # each request's finalized tokens, kept apart from its record
     for n, (kind, rid, *args) in enumerate(ops):
         if kind == "add":
             m.add_request(rid, args[0])

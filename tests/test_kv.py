@@ -6,6 +6,7 @@ checked after every operation. The production BlockManager must never violate on
 (`blocks_needed`, `reserve`), the prefix-cache switch and an engine-style scheduler loop (admit only if the
 reservation fits, preempt when it does not) are tested next; last, the production structures by behaviour: chained
 block keys, a lookup linear in the prompt, the LRU free queue and the constant work of its operations."""
+import dataclasses
 import random
 import re
 from collections import deque
@@ -15,8 +16,8 @@ import torch
 from hypothesis import HealthCheck, Phase, find, given, settings, strategies as st
 
 from speclab.kv import (FREED, ROOT_HASH, BlockManager, BuggyPrefixManager, BuggyWindowManager, FreeBlockQueue,
-                        PagedKV, block_hash, check_invariants, committed_attention, fuzz_invariants, hash_chain,
-                        random_ops, replay, scratch_attention, shrink_ops, toy_kv, toy_step, window)
+                        PagedKV, Request, block_hash, check_invariants, committed_attention, fuzz_invariants,
+                        hash_chain, random_ops, replay, scratch_attention, shrink_ops, toy_kv, toy_step, window)
 import speclab.kv as kv_module
 from speclab.sampling import PLACEHOLDER_TOKEN_ID
 
@@ -544,17 +545,49 @@ def test_block_keys_are_a_chain_of_blake2b_digests():
     assert block_hash(ROOT_HASH, [1, 2]) != block_hash(ROOT_HASH, [2, 1]) != block_hash(ROOT_HASH, [1, 2, 0])
 
 
-def test_the_record_keeps_keys_and_a_partial_block_not_the_tokens():
-    "Per request: block ids, the keys of its full blocks, and at most block_size - 1 tokens (the last partial block)."
+def test_the_record_holds_the_tokens_once_and_the_keys_of_its_full_blocks():
+    """Per request one record: its token ids (no count, no partial-block tail, no second list beside them), the keys
+    of its full blocks, and the drafts in flight in one place. A caller's record is the manager's, not a copy."""
     m, kv, a = BlockManager(64, 4), PagedKV(64, 4), list(range(30))
-    m.add_request("a", a)
+    r = Request("a", list(a))
+    m.add_request(r)
+    assert m.requests["a"] is r
+    fields = {f.name for f in dataclasses.fields(Request)}
+    assert fields == {"req_id", "token_ids", "spec_tokens", "num_computed_tokens", "block_ids", "block_hashes",
+                      "num_cached_blocks"}
     rng = random.Random(0)
     for n in range(30):
         drafts = [rng.randrange(6) for _ in range(rng.randint(0, 4))]
-        toy_step(m, kv, "a", a, drafts, rng.randint(0, len(drafts)), rng.randrange(6))
-        r = m.requests["a"]
-        assert not hasattr(r, "tokens") and len(r.tail) < m.block_size
-        assert (r.num_tokens, r.block_hashes, r.tail) == (len(a), hash_chain(a, 4), a[len(a) // 4 * 4:])
+        s = m.allocate_slots("a", drafts)
+        assert r.spec_tokens == drafts and m.requests["a"].spec_tokens is r.spec_tokens
+        kv.write(s.slot_mapping, *toy_kv(r.token_ids[s.positions[0]:] + drafts, s.positions))
+        num_accepted, ids = rng.randint(0, len(drafts)), r.token_ids
+        emitted = drafts[:num_accepted] + [rng.randrange(6)]
+        m.commit("a", num_accepted, emitted)
+        a += emitted
+        assert r.token_ids is ids and r.token_ids == a       # appended once, in place: the caller sees it
+        assert r.num_tokens == len(a) and r.block_hashes == hash_chain(a, 4) and r.spec_tokens is None
+        assert check_invariants(m, kv, {"a": a}) == []
+    for name in ("tail", "tokens"):
+        assert not hasattr(r, name)
+    m.finish("a")
+    assert (r.token_ids, r.block_ids, r.num_computed_tokens) == (a, [], 0)   # the tokens stay for their reader
+
+
+def test_a_record_is_registered_as_is_and_a_refused_one_is_untouched():
+    "add_request(record) keeps the object; a bad record or a record with prompt_tokens is refused, nothing changed."
+    m = BlockManager(8, 4)
+    mine = Request("mine", [1, 2, 3, 4, 5])
+    assert m.add_request(mine) == 0 and m.requests["mine"] is mine and mine.block_hashes == hash_chain([1, 2, 3, 4], 4)
+    before = m.state()
+    for bad, message in ((Request("x", []), "prompt_tokens"), (Request("x", [1, -1]), "prompt_tokens"),
+                         (Request("x", (1, 2)), "must be a list"), (Request("mine", [1]), "already exists")):
+        with pytest.raises(ValueError, match=message):
+            m.add_request(bad)
+        assert m.state() == before and bad.block_ids == []
+    with pytest.raises(ValueError, match="prompt_tokens must be None"):
+        m.add_request(Request("y", [1]), [1])
+    assert m.state() == before and "y" not in m.requests
 
 
 def _calls(monkeypatch):
