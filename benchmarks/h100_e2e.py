@@ -6,7 +6,9 @@ A random-initialised Llama-3-8B (target) and Llama-3.2-1B (draft) in bf16, next 
     python benchmarks/h100_e2e.py --out benchmarks/results/$(date +%Y-%m-%d)-h100          # H100/H200; --budget-s 540
     python benchmarks/h100_e2e.py --compile --out benchmarks/results/$(date +%Y-%m-%d)-h100-compile   # engine compiled
     python benchmarks/h100_e2e.py --target DIR --draft DIR --out benchmarks/results/ckpt   # real weights, real E
+    python benchmarks/h100_e2e.py --target DIR --draft DIR --eagle DIR3 --out ...          # + an EAGLE-3 head
     python benchmarks/h100_e2e.py --dry-run --out /tmp/h100_smoke                         # CPU smoke test, < 1 minute
+    python benchmarks/h100_e2e.py --dry-run --eagle DIR3 --out /tmp/h100_smoke            # parse DIR3 on the CPU first
 
 Sections, each a list of records in results.json and a table in results.md (both in --out, rewritten after each):
  1. bandwidth: a 1 GiB device-to-device copy, (read + write bytes) / time;
@@ -20,6 +22,8 @@ Sections, each a list of records in results.json and a table in results.md (both
     --context random token ids, --engine-tokens new tokens each (ignore_eos). Plain decoding (the same engine with no
     drafter) and speculative decoding (ModelDrafter) timed in the same run: tokens/s of each and their ratio, E, the
     engine's draft / target / other time split, and the prediction E / (v + kappa c) with v and c from sections 3-4.
+    With --eagle DIR the same engine also drafts with an EAGLE-3 head (below). Each record names its method in vLLM's
+    --speculative-config vocabulary: "draft_model" (a separate model) or "eagle3".
 
 Sections 2-5 time a static-shape step: speclab.model.decoder_layer (the library's layer math, one copy) with an
 attend of this script's own (every request holds the same context, so no host syncs), checked against
@@ -36,6 +40,20 @@ flip between a one-token decode and a (kappa + 1)-token verify (other GEMM shape
 make near-ties common: on a GPU, outputs_match (requests equal to plain decoding's), prefix_match (the share of leading
 tokens that agree) and the self run's E may fall below 1, 1 and kappa + 1 for numerics, not for a sampler bug; the
 fp32 --dry-run shows them exact.
+
+EAGLE-3. --eagle DIR is a head folder in the layout vLLM loads with {"method": "eagle3", "model": DIR}: config.json
+(architectures LlamaForCausalLMEagle3, eagle_aux_hidden_state_layer_ids, draft_vocab_size) and model.safetensors or
+pytorch_model.bin (fc, midlayer.*, norm, lm_head, d2t, t2d). speclab.eagle.load_eagle3 checks it against the target
+(a ValueError names the file and key) and speclab.eagle.EagleDrafter drafts with it: run "eagle" (exact, at every B)
+and, with random weights, "eagle-synthetic" (SyntheticSampler at --alpha: timing only). Its verify forward is
+speclab.eagle.capture_paged (the target's forward that also keeps the fused features), eager even with --compile.
+Its c is the engine's own: c_engine = (draft seconds per drafted position) / (plain seconds per step), recorded for
+every run and used in the eagle runs' prediction. --dry-run without --eagle writes a random tiny EAGLE-3 folder into
+--out/eagle3-synthetic, so the smoke test always runs the loader. --dry-run --eagle DIR checks DIR against the dry
+run's target; when that is the tiny random one and DIR does not fit it, DIR is checked against Llama-3-8B, the target
+of a GPU run without --target (speclab.eagle.check_eagle3: config and tensor shapes, d2t and t2d, the weights
+unread), and the CPU path drafts with a random tiny head of the same layout and draft-vocabulary share. meta.eagle
+says which head drafted and what DIR was checked against.
 
 Each engine runs once on a few tokens (warmup), then once timed; prefix caching is off so that the timed pass
 recomputes its prompts. The sampler is wrapped in a device sync so that the engine's target time holds the verify
@@ -61,6 +79,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import speclab  # noqa: E402
 import speclab.engine  # noqa: E402
+from speclab.eagle import EagleDrafter, check_eagle3, eagle3_default_layers, load_eagle3, write_eagle3  # noqa: E402
 from speclab.sweep import SyntheticSampler  # noqa: E402
 from speclab.engine import ModelDrafter, SamplingParams, SpecDecoder  # noqa: E402
 from speclab.sampling import rejection_sampler  # noqa: E402
@@ -91,6 +110,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="directory for results.json and results.md")
     ap.add_argument("--target", type=Path, help="HF checkpoint folder of the target (default: random Llama-3-8B)")
     ap.add_argument("--draft", type=Path, help="HF checkpoint folder of the draft (default: random Llama-3.2-1B)")
+    ap.add_argument("--eagle", type=Path, metavar="DIR",
+                    help="an EAGLE-3 head folder in vLLM's layout: adds the 'eagle' runs to section 6")
     ap.add_argument("--kappa", type=int, default=3, help="draft tokens per speculative step")
     ap.add_argument("--alpha", type=float, default=0.7, help="synthetic per-token acceptance rate, in [0, 1)")
     ap.add_argument("--context", type=int, default=256, help="cached tokens per request (the engine's prompt length)")
@@ -128,7 +149,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(f"{flag} must be >= {lo}, got {v}")
     if (a.target is None) != (a.draft is None):
         ap.error("--target and --draft must be given together")
-    for flag, d in (("--target", a.target), ("--draft", a.draft)):
+    for flag, d in (("--target", a.target), ("--draft", a.draft), ("--eagle", a.eagle)):
         if d is not None and not (d / "config.json").is_file():
             ap.error(f"{flag} {d} holds no config.json")
     if a.dry_run:
@@ -217,6 +238,43 @@ def load_models(args: argparse.Namespace, dtype: torch.dtype, device: str) -> di
     return dict(target=random_model(cfgs[0], dtype, device), draft=random_model(cfgs[1], dtype, device),
                 target_spec=ModelSpec.from_config(cfgs[0], names[0]),
                 draft_spec=ModelSpec.from_config(cfgs[1], names[1]))
+
+
+def gpu_target_args() -> LlamaArgs:
+    "The target a GPU run loads without --target: Llama-3-8B (random weights)."
+    return LlamaArgs.from_config(json.loads((CONFIGS / "llama-3-8b.json").read_text()), "llama-3-8b")
+
+
+def load_eagle(args: argparse.Namespace, m: dict) -> dict:
+    """meta.eagle, and m["eagle"]: the head of section 6's eagle runs (None without one). --eagle DIR is checked
+    against the run's target and loaded; a dry run uses a random tiny head in vLLM's layout when there is no DIR, or
+    when DIR fits only the GPU run's target (checked against it, weights unread)."""
+    target = m["target"]
+    m["eagle"] = None
+    if args.eagle is None and not args.dry_run:
+        return dict(folder=None)
+    info = dict(folder=None if args.eagle is None else str(args.eagle), method="eagle3", used=str(args.eagle))
+    if args.eagle is not None:
+        try:
+            check_eagle3(args.eagle, target.args)
+            info["fits"] = "the run's target"
+        except ValueError:
+            if not args.dry_run or args.target:
+                raise
+            parsed = check_eagle3(args.eagle, gpu_target_args())          # a misfit here raises, naming the key
+            info.update(fits="llama-3-8b, the GPU run's target", draft_vocab_size=parsed["draft_vocab_size"],
+                        feature_layers=list(parsed["feature_layers"]))
+    if info.get("fits") != "the run's target":                            # the dry run drafts with a stand-in
+        n, V = target.args.num_layers, target.args.vocab_size
+        layers = eagle3_default_layers(n) if n >= 4 else tuple(range(min(n + 1, 3)))
+        share = info["draft_vocab_size"] / gpu_target_args().vocab_size if args.eagle else 0.75
+        folder = write_eagle3(args.out / "eagle3-synthetic", target, layers, max(1, round(V * share)), std=0.5)
+        info.update(used=str(folder), note="a random tiny EAGLE-3 head in vLLM's layout for the dry run's target")
+    m["eagle"] = load_eagle3(info["used"], target)
+    info.update(architecture=json.loads((Path(info["used"]) / "config.json").read_text())["architectures"][0],
+                feature_layers_used=list(m["eagle"].feature_layers),
+                draft_vocab_size_used=m["eagle"].draft_vocab_size, vocab_size=m["eagle"].args.vocab_size)
+    return info
 
 
 # ---------------------------------------------------------------------------------------------------- static steps
@@ -452,16 +510,20 @@ def engine_record(run: dict, meta: dict, B: int, name: str, plain: dict, spec: d
     plain_tok_s = plain["tokens"] / plain["seconds"]
     spec_tok_s = spec["tokens"] / spec["seconds"]
     other_s = spec["seconds"] - spec["draft_s"] - spec["target_s"]
-    c = 1.0 if name == "self" else meta.get("c_measured")             # a target drafting for itself costs one step
+    c_engine = spec["draft_s"] / (spec["steps"] * kappa) / (plain["seconds"] / plain["steps"])
+    eagle = name.startswith("eagle")
+    c = 1.0 if name == "self" else c_engine if eagle else meta.get("c_measured")   # self: one target step a draft
     static = run["static_batch"].get(B)                               # section 5's steps at this batch size
-    c_B = 1.0 if name == "self" or static is None else static["draft_ms"] / static["plain_ms"]
+    c_B = 1.0 if name == "self" else c_engine if eagle else None if static is None else \
+        static["draft_ms"] / static["plain_ms"]
     v_B = None if static is None else static["verify_ms"] / static["plain_ms"]
     exact = sampler == "rejection_sampler"
     same = sum(a == b for a, b in zip(plain["outputs"], spec["outputs"])) / len(plain["outputs"])
     agree = statistics.mean(common_prefix(a, b) / len(a) for a, b in zip(plain["outputs"], spec["outputs"]))
     forwards = {plain["forward"], spec["forward"]}
     return dict(
-        B=B, run=name, drafter="target" if name == "self" else "draft", sampler=sampler,
+        B=B, run=name, method="eagle3" if eagle else "draft_model", sampler=sampler,
+        drafter="eagle3 head" if eagle else "target" if name == "self" else "draft",
         forward=forwards.pop() if len(forwards) == 1 else "mixed", prompt_len=run["context"],
         new_tokens=run["engine_tokens"], plain_tok_s=round(plain_tok_s, 2), spec_tok_s=round(spec_tok_s, 2),
         speedup=round(spec_tok_s / plain_tok_s, 3), plain_steps=plain["steps"], spec_steps=spec["steps"],
@@ -472,22 +534,26 @@ def engine_record(run: dict, meta: dict, B: int, name: str, plain: dict, spec: d
         draft_s=round(spec["draft_s"], 4), target_s=round(spec["target_s"], 4), other_s=round(other_s, 4),
         draft_share=round(spec["draft_s"] / spec["seconds"], 3),
         target_share=round(spec["target_s"] / spec["seconds"], 3),
-        other_share=round(other_s / spec["seconds"], 3),
+        other_share=round(other_s / spec["seconds"], 3), c_engine=round(c_engine, 4),
         predicted=prediction(spec["E"], meta.get("v_measured"), c, kappa),
         predicted_at_B=prediction(spec["E"], v_B, c_B, kappa),
         outputs_match=round(same, 4) if exact else None, prefix_match=round(agree, 4) if exact else None)
 
 
 def engine_runs(run: dict, m: dict, synthetic: bool, B: int, smallest: bool) -> list[tuple]:
-    "(name, drafter model, sampler, sampler label) of the speculative runs at batch size B."
+    "(name, a fresh drafter per call, sampler, sampler label) of the speculative runs at batch size B."
     kappa, alpha = run["kappa"], run["alpha"]
-    runs = []
-    if synthetic:
-        rates = [alpha ** i for i in range(1, kappa + 1)]            # i.i.d.: draft i is accepted with alpha^i
-        runs.append(("synthetic", m["draft"], SyntheticSampler(rates), f"SyntheticSampler(alpha={alpha})"))
-    runs.append(("draft", m["draft"], rejection_sampler, "rejection_sampler"))
+    rates = [alpha ** i for i in range(1, kappa + 1)]                # i.i.d.: draft i is accepted with alpha^i
+    coins = f"SyntheticSampler(alpha={alpha})"
+    draft = lambda: ModelDrafter(m["draft"])                           # noqa: E731
+    eagle = lambda: EagleDrafter(m["eagle"], m["target"])             # noqa: E731
+    runs = [("synthetic", draft, SyntheticSampler(rates), coins)] if synthetic else []
+    runs.append(("draft", draft, rejection_sampler, "rejection_sampler"))
+    if m.get("eagle") is not None:
+        runs += [("eagle-synthetic", eagle, SyntheticSampler(rates), coins)] if synthetic else []
+        runs.append(("eagle", eagle, rejection_sampler, "rejection_sampler"))
     if smallest:
-        runs.append(("self", m["target"], rejection_sampler, "rejection_sampler"))
+        runs.append(("self", lambda: ModelDrafter(m["target"]), rejection_sampler, "rejection_sampler"))
     return runs
 
 
@@ -516,9 +582,11 @@ def sec_engine(run: dict, meta: dict, s: dict, m: dict) -> None:
     synthetic = meta["weights"] == "random"
     s["status"] = "ok"
     s["summary"] = dict(v=meta.get("v_measured"), c=meta.get("c_measured"), kappa=run["kappa"],
-                        acceptance="synthetic (SyntheticSampler at --alpha, NOT exact, timing only) in run "
-                                   "'synthetic'; exact rejection_sampler in runs 'draft' and 'self'" if synthetic
-                        else "exact rejection_sampler (checkpoint weights)")
+                        acceptance="synthetic (SyntheticSampler at --alpha, NOT exact, timing only) in runs "
+                                   "'synthetic' and 'eagle-synthetic'; exact rejection_sampler in runs 'draft', "
+                                   "'eagle' and 'self'" if synthetic
+                        else "exact rejection_sampler (checkpoint weights)",
+                        eagle=meta.get("eagle", {}).get("used"))
     probe_compile(run, meta, m)
     s["summary"]["forward"] = "compiled" if run["compiled"] else "eager"
     dev = run["device"]
@@ -531,15 +599,17 @@ def sec_engine(run: dict, meta: dict, s: dict, m: dict) -> None:
             plain = measure(run, meta, lambda: SpecDecoder(m["target"], None, kappa=0,
                                                            sampler=synced(rejection_sampler, dev),
                                                            **engine_kwargs(run, B)), prompts, f"plain B={B}")
-            for name, model, sampler, label in engine_runs(run, m, synthetic, B, B == run["engine_batch_sizes"][0]):
+            for name, drafter, sampler, label in engine_runs(run, m, synthetic, B, B == run["engine_batch_sizes"][0]):
                 if over_budget(run):
                     s["status"] = "partial (budget)"
                     return
-                spec = measure(run, meta, lambda: SpecDecoder(m["target"], ModelDrafter(model), kappa=run["kappa"],
+                spec = measure(run, meta, lambda: SpecDecoder(m["target"], drafter(), kappa=run["kappa"],
                                                               sampler=synced(sampler, dev),
                                                               **engine_kwargs(run, B)), prompts, f"{name} B={B}")
+                if name.startswith("eagle"):
+                    spec["forward"] = "eager"                         # capture_paged: never the compiled forward
                 s["records"].append(r := engine_record(run, meta, B, name, plain, spec, label))
-                log(f"  B={B:4d} {name:9s} plain {r['plain_tok_s']:9.1f} tok/s  spec {r['spec_tok_s']:9.1f} tok/s  "
+                log(f"  B={B:4d} {name:15s} plain {r['plain_tok_s']:9.1f} tok/s  spec {r['spec_tok_s']:9.1f} tok/s  "
                     f"x{r['speedup']:5.2f}  E {r['E']:5.2f}  predicted {r['predicted']}  ({r['forward']})")
     finally:
         if run["compile"]:
@@ -668,8 +738,9 @@ COLUMNS = dict(
             "achieved_GBps", "graph_vs_eager"],
     verify=["T", "mode", "ms", "ms_per_position", "cost", "predicted_cost"],
     batch=["B", "mode", "plain_ms", "draft_ms", "verify_ms", "spec_ms", "speedup", "predicted"],
-    engine=["B", "run", "sampler", "forward", "plain_tok_s", "spec_tok_s", "speedup", "E", "predicted",
-            "predicted_at_B", "draft_share", "target_share", "other_share", "outputs_match", "prefix_match"])
+    engine=["B", "run", "method", "sampler", "forward", "plain_tok_s", "spec_tok_s", "speedup", "E", "predicted",
+            "predicted_at_B", "c_engine", "draft_share", "target_share", "other_share", "outputs_match",
+            "prefix_match"])
 COLUMNS["draft"] = COLUMNS["decode"]
 
 
@@ -704,10 +775,13 @@ def markdown(meta: dict, sections: dict) -> str:
              "Sections 2-5: ms per static step, median of repeats; mode `graph` = CUDA-graph replay. floor = (weight "
              "+ KV bytes) / measured copy bandwidth; spec floor = decode_floor_s (spec-sheet bandwidth).", "",
              "Section 6: speclab.engine.SpecDecoder, greedy, tokens/s of whole generate calls (prefill included); "
-             "run `synthetic` draws acceptance at --alpha (NOT exact, timing only), runs `draft` and `self` are "
-             "exact (outputs_match = share of requests whose tokens equal plain decoding's, prefix_match = mean "
-             "share of leading tokens that do; in bf16 argmax near-ties flip). predicted = "
-             "E / (v + kappa c) with v, c from sections 3-4 (B = 1); predicted_at_B with section 5's steps at B.", ""]
+             "runs `synthetic` and `eagle-synthetic` draw acceptance at --alpha (NOT exact, timing only), runs "
+             "`draft`, `eagle` and `self` are exact (outputs_match = share of requests whose tokens equal plain "
+             "decoding's, prefix_match = mean share of leading tokens that do; in bf16 argmax near-ties flip). "
+             "method: vLLM's --speculative-config name (`draft_model`, `eagle3`). predicted = E / (v + kappa c) with "
+             "v, c from sections 3-4 (B = 1; the eagle runs' c is c_engine, the engine's draft seconds per drafted "
+             "position over its plain seconds per step); predicted_at_B with section 5's steps at B.", "",
+             f"EAGLE-3 head: {meta.get('eagle')}", ""]
     for name, s in sections.items():
         summary = "; ".join(f"{k} = {v}" for k, v in s.get("summary", {}).items())
         lines += [f"## {name}: {s['status']}", ""] + table(s["records"], COLUMNS[name])
@@ -754,6 +828,10 @@ def main(argv: list[str] | None = None) -> int:
     meta["step_parity"] = step_parity(device)
     log(f"{gpu_name}: roofline spec {key}; static step vs speclab.model.forward max |diff| {meta['step_parity']:.2e}")
     m = load_models(args, dtype, device)
+    meta["eagle"] = load_eagle(args, m)
+    if m["eagle"] is not None:
+        log(f"EAGLE-3 head {meta['eagle']['used']}: layers {meta['eagle']['feature_layers_used']}, draft vocabulary "
+            f"{meta['eagle']['draft_vocab_size_used']} of {meta['eagle']['vocab_size']}")
     meta.update(target=m["target_spec"].name, draft=m["draft_spec"].name, ridge=ridge(run["gpu"], dt),
                 c_derived=cost_ratio(m["draft_spec"], m["target_spec"], dt))
     log(f"target {meta['target']}, draft {meta['draft']}: models ready at {time.time() - t0:.1f} s")

@@ -8,8 +8,8 @@ __all__ = ['HEAD_ARCH', 'EAGLE3_ARCHS', 'EAGLE_NAMES', 'eagle3_layers', 'last_la
            'train_head', 'heldout_agreement', 'save_head', 'load_head', 'eagle_path', 'is_eagle_head',
            'eagle3_default_layers', 'eagle3_layout', 'Eagle3Head', 'eagle3_hidden', 'eagle3_target_ids',
            'eagle3_logits', 'step_hidden', 'step_logits', 'eagle3_config', 'eagle3_weights_file', 'eagle3_check',
-           'eagle3_map', 'load_eagle3', 'is_eagle3', 'write_eagle3', 'capture_paged', 'draw_drafts', 'EagleDrafter',
-           'head_step_seconds', 'eagle_drafter', 'sweep_eagle', 'main']
+           'eagle3_map', 'check_eagle3', 'load_eagle3', 'is_eagle3', 'write_eagle3', 'capture_paged', 'draw_drafts',
+           'EagleDrafter', 'head_step_seconds', 'eagle_drafter', 'sweep_eagle', 'main']
 
 # %% ../nbs/12_eagle.ipynb #bf971328
 import argparse
@@ -412,34 +412,39 @@ def eagle3_weights_file(folder: str | Path) -> Path:
             return Path(folder) / name
     raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {folder}")
 
-def _weights(file, lazy):
-    "name -> tensor (.bin: memory-mapped) or, lazy and safetensors, name -> shape without reading the data."
+def _tensors(file, keys=None):
+    "The tensors of a weights file (only `keys` when given); a .bin is memory-mapped, so nothing else is read."
     if file.suffix == ".bin":
-        return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        sd = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        return sd if keys is None else {k: sd[k] for k in keys if k in sd}
     from safetensors import safe_open
     with safe_open(str(file), framework="pt") as f:
-        return {k: tuple(f.get_slice(k).get_shape()) if lazy else f.get_tensor(k) for k in f.keys()}
+        return {k: f.get_tensor(k) for k in f.keys() if keys is None or k in keys}
+
+def _shapes(file):
+    "name -> shape of every tensor of a weights file, from the safetensors header (or the .bin's memory map)."
+    if file.suffix == ".bin":
+        return {k: tuple(v.shape) for k, v in _tensors(file).items()}
+    from safetensors import safe_open
+    with safe_open(str(file), framework="pt") as f:
+        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
 
 # %% ../nbs/12_eagle.ipynb #e3load06
-def _shape(x):
-    return tuple(x) if isinstance(x, tuple) else tuple(x.shape)
-
-def eagle3_check(file: Path, weights: dict, config: dict) -> None:
+def eagle3_check(file: Path, shapes: dict[str, tuple[int, ...]], config: dict) -> None:
     "ValueError naming the file and key for any tensor missing, unexpected or misshapen, or a d2t / t2d that misfit."
     a, dv = config["args"], config["draft_vocab_size"]
     want = eagle3_layout(a, len(config["feature_layers"]), dv)
     optional = {"d2t"} if dv == a.vocab_size else set()                # a full vocabulary needs no map
-    missing = [k for k in want if k not in weights and k not in optional]
+    missing = [k for k in want if k not in shapes and k not in optional]
     if missing:
         raise ValueError(f"{file}: missing {missing} (an EAGLE-3 head holds {list(want)})")
     extra = {"t2d": (a.vocab_size,), "embed_tokens.weight": (a.vocab_size, a.hidden_size)}
-    unexpected = [k for k in weights if k not in want and k not in extra]
+    unexpected = [k for k in shapes if k not in want and k not in extra]
     if unexpected:
         raise ValueError(f"{file}: unexpected tensors {unexpected} (an EAGLE-3 head holds {list(want)})")
-    for k, x in weights.items():
-        shape = want.get(k, extra.get(k))
-        if _shape(x) != shape:
-            raise ValueError(f"{file}: {k} has shape {_shape(x)}, the config and target imply {shape}")
+    for k, shape in shapes.items():
+        if shape != want.get(k, extra.get(k)):
+            raise ValueError(f"{file}: {k} has shape {shape}, the config and target imply {want.get(k, extra.get(k))}")
 
 def eagle3_map(file: Path, d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
     "The target id of each draft id from d2t, checked: integers, inside the vocabulary, distinct, agreeing with t2d."
@@ -454,24 +459,29 @@ def eagle3_map(file: Path, d2t: torch.Tensor, t2d: torch.Tensor | None, vocab_si
     return ids
 
 # %% ../nbs/12_eagle.ipynb #e3load07
+def check_eagle3(folder: str | Path, target: LlamaArgs) -> dict:
+    "All that load_eagle3 checks, without reading the weights (0.9 GB for an 8B head): config, file and target ids."
+    config = eagle3_config(folder, target)
+    file = eagle3_weights_file(folder)
+    eagle3_check(file, _shapes(file), config)
+    maps = _tensors(file, ("d2t", "t2d"))
+    d2t = maps.get("d2t", torch.zeros(config["draft_vocab_size"], dtype=torch.int64))
+    ids = eagle3_map(file, d2t, maps.get("t2d"), target.vocab_size)
+    return dict(config, file=file, d2t=d2t.long(), target_ids=ids)
+
 def load_eagle3(folder: str | Path, target: Llama) -> Eagle3Head:
     "A published EAGLE-3 head (vLLM's layout) for this target, checked, in the target's dtype and device."
-    config = eagle3_config(folder, target.args)
-    file = eagle3_weights_file(folder)
-    eagle3_check(file, _weights(file, lazy=True), config)
-    sd = _weights(file, lazy=False)
-    dv = config["draft_vocab_size"]
-    d2t = sd.pop("d2t", torch.zeros(dv, dtype=torch.int64))
-    eagle3_map(file, d2t, sd.pop("t2d", None), target.args.vocab_size)
+    info = check_eagle3(folder, target.args)
     w = target.head_weight
-    sd = {k.replace("midlayer.", "layer."): v.to(w.dtype) for k, v in sd.items()}
-    sd["d2t"] = d2t.long()
+    sd = {k.replace("midlayer.", "layer."): v.to(w.dtype) for k, v in _tensors(info["file"]).items()
+          if k not in ("d2t", "t2d")}
+    sd["d2t"] = info["d2t"]
     with torch.device("meta"):
-        head = Eagle3Head(config["args"], config["feature_layers"], dv, config["norm_before_residual"],
+        head = Eagle3Head(info["args"], info["feature_layers"], info["draft_vocab_size"], info["norm_before_residual"],
                           own_embedding="embed_tokens.weight" in sd)
     head.load_state_dict(pack_state_dict(sd), assign=True)              # q/k/v and gate/up fused as Chapter 7's
     head.inv_freq = rope_inv_freq(head.args)
-    return head.to(w.device).eval()
+    return head.to(w.device).requires_grad_(False).eval()            # a published head: inference only
 
 def is_eagle3(folder: str | Path) -> bool:
     "Whether folder's config.json names a published EAGLE-3 architecture."

@@ -44,8 +44,13 @@ def test_h100_e2e_dry_run(tmp_path: Path) -> None:
         assert abs(x["speedup"] - E_model * x["plain_ms"] / x["spec_ms"]) < 1e-2
 
     engine = sections["engine"]["records"]
-    assert {(x["B"], x["run"]) for x in engine} == {(1, "synthetic"), (1, "draft"), (1, "self"), (4, "synthetic"),
-                                                    (4, "draft")}
+    runs = ("synthetic", "draft", "eagle-synthetic", "eagle")
+    assert {(x["B"], x["run"]) for x in engine} == {(B, r) for B in (1, 4) for r in runs} | {(1, "self")}
+    assert all(x["method"] == ("eagle3" if x["run"].startswith("eagle") else "draft_model") for x in engine)
+    eagle = meta["eagle"]      # no --eagle: a random tiny EAGLE-3 folder written into --out, through the loader
+    assert eagle["folder"] is None and eagle["used"] == str(out / "eagle3-synthetic")
+    assert all((out / "eagle3-synthetic" / f).is_file() for f in ("config.json", "model.safetensors"))
+    assert eagle["architecture"] == "LlamaForCausalLMEagle3" and eagle["draft_vocab_size_used"] == 192
     for x in engine:
         assert x["forward"] == "eager" and x["new_tokens"] == meta["engine_tokens"]
         assert x["plain_tok_s"] > 0 and x["spec_tok_s"] > 0
@@ -54,16 +59,100 @@ def test_h100_e2e_dry_run(tmp_path: Path) -> None:
         assert x["spec_steps"] < x["plain_steps"] or x["E"] < 1.5   # E > 1 means fewer steps than one per token
         assert abs(x["draft_share"] + x["target_share"] + x["other_share"] - 1) < 1e-2
         assert x["draft_share"] > 0 and x["target_share"] > 0
-        c = 1.0 if x["run"] == "self" else meta["c_measured"]
+        c = 1.0 if x["run"] == "self" else x["c_engine"] if x["method"] == "eagle3" else meta["c_measured"]
         assert abs(x["predicted"] - x["E"] / (meta["v_measured"] + kappa * c)) < 1e-2
     exact = [x for x in engine if x["sampler"] == "rejection_sampler"]
-    assert exact and all(x["outputs_match"] == 1.0 and x["prefix_match"] == 1.0 for x in exact)   # = plain decoding
+    assert len(exact) == 5                                    # draft and eagle at B = 1 and 4, self at 1
+    assert all(x["outputs_match"] == 1.0 and x["prefix_match"] == 1.0 for x in exact)   # = plain decoding
     assert all(x["sampler"].startswith("SyntheticSampler") and x["outputs_match"] is None
                for x in engine if x["run"] == "synthetic")
     self_draft = next(x for x in engine if x["run"] == "self")
     assert self_draft["acceptance_rate"] > 0.9 and self_draft["E"] > 1 + 0.9 * kappa   # the target agrees with itself
     assert next(x for x in engine if x["run"] == "draft" and x["B"] == 4)["predicted_at_B"] is not None
     assert meta["compile"] == dict(requested=False, mode=None, status="not requested")
+
+
+# vLLM's EAGLE-3 head for Llama-3.1-8B (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B): its config and its tensors' shapes,
+# written out here rather than derived from speclab.eagle, so that the loader is checked against the published layout.
+EAGLE3_8B_CONFIG = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu",
+                    "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+                    "num_key_value_heads": 8, "num_hidden_layers": 1, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+                    "max_position_embeddings": 2048, "vocab_size": 128256, "draft_vocab_size": 32000,
+                    "tie_word_embeddings": False, "torch_dtype": "float16"}
+EAGLE3_8B_TENSORS = {"d2t": ("I64", [32000]), "t2d": ("BOOL", [128256]), "fc.weight": ("F16", [4096, 12288]),
+                     "midlayer.input_layernorm.weight": ("F16", [4096]),
+                     "midlayer.hidden_norm.weight": ("F16", [4096]),
+                     "midlayer.self_attn.q_proj.weight": ("F16", [4096, 8192]),
+                     "midlayer.self_attn.k_proj.weight": ("F16", [1024, 8192]),
+                     "midlayer.self_attn.v_proj.weight": ("F16", [1024, 8192]),
+                     "midlayer.self_attn.o_proj.weight": ("F16", [4096, 4096]),
+                     "midlayer.post_attention_layernorm.weight": ("F16", [4096]),
+                     "midlayer.mlp.gate_proj.weight": ("F16", [14336, 4096]),
+                     "midlayer.mlp.up_proj.weight": ("F16", [14336, 4096]),
+                     "midlayer.mlp.down_proj.weight": ("F16", [4096, 14336]),
+                     "norm.weight": ("F16", [4096]), "lm_head.weight": ("F16", [32000, 4096])}
+
+
+def sparse_eagle3_8b(folder: Path) -> Path:
+    """An EAGLE-3 folder for Llama-3-8B in the published layout: config.json and a model.safetensors whose d2t / t2d
+    are real (every 4th target id) and whose 0.85 GB of weights are a sparse hole of zeros (no disk, nothing read)."""
+    import struct
+    import numpy as np
+    size = {"I64": 8, "BOOL": 1, "F16": 2}
+    header, offset = {}, 0
+    for name, (dtype, shape) in EAGLE3_8B_TENSORS.items():
+        n = size[dtype] * int(np.prod(shape))
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    ids = np.arange(0, 128256, 4)[:32000]
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(EAGLE3_8B_CONFIG))
+    t2d = np.zeros(128256, dtype=np.uint8)
+    t2d[ids] = 1
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.write((ids - np.arange(32000)).astype("<i8").tobytes() + t2d.tobytes())
+        f.truncate(8 + len(raw) + offset)
+    return folder
+
+
+def test_h100_e2e_dry_run_parses_an_8b_eagle3_folder(tmp_path: Path) -> None:
+    """--dry-run --eagle DIR with a head for Llama-3-8B (the GPU run's target): DIR is checked against that target's
+    config without reading its weights, and the tiny CPU path drafts with a random tiny head in the same layout (a
+    quarter of the vocabulary, as the 8B head's 32,000 of 128,256); its exact runs equal plain decoding."""
+    out = tmp_path / "h100"
+    folder = sparse_eagle3_8b(tmp_path / "eagle3-8b")
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "h100_e2e.py"), "--dry-run", "--eagle", str(folder),
+           "--engine-tokens", "8", "--out", str(out)]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((out / "results.json").read_text())
+    eagle = res["meta"]["eagle"]
+    assert eagle["folder"] == str(folder) and eagle["fits"] == "llama-3-8b, the GPU run's target"
+    assert eagle["feature_layers"] == [2, 16, 29] and eagle["draft_vocab_size"] == 32000   # vLLM's default layers
+    assert eagle["used"] == str(out / "eagle3-synthetic") and eagle["draft_vocab_size_used"] == 64    # 256 / 4
+    runs = [x for x in res["sections"]["engine"]["records"] if x["run"] == "eagle"]
+    assert len(runs) == 2 and all(x["outputs_match"] == 1.0 and x["method"] == "eagle3" for x in runs)
+
+
+def test_h100_e2e_eagle_folder_errors_are_named(tmp_path: Path) -> None:
+    "A folder that fits no target, or has a misshapen tensor, stops the run at start-up with the file and key named."
+    folder = sparse_eagle3_8b(tmp_path / "e3")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(cfg, hidden_size=2048)))
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "h100_e2e.py"), "--dry-run", "--eagle", str(folder),
+           "--out", str(tmp_path / "out")]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and "config.json: hidden_size is 2048, the target's is 4096" in r.stderr
+    (folder / "config.json").write_text(json.dumps(dict(cfg, draft_vocab_size=16000)))
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and "model.safetensors: " in r.stderr
+    assert "has shape (32000" in r.stderr and "the config and target imply (16000" in r.stderr   # d2t or lm_head
+    r = subprocess.run(cmd[:-4] + ["--eagle", str(tmp_path), "--out", str(tmp_path / "out")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and "--eagle" in r.stderr and "config.json" in r.stderr
 
 
 def test_serve_load_smoke() -> None:

@@ -20,6 +20,14 @@ shipped target drops (greedy acceptance on 8 held-out prompts, deterministic, so
 the gap). The shipped head (3,500 steps of 4 x 128 tokens, 16.7 min on one core) out-drafts the 2-layer draft model
 greedy on the same 8 prompts at kappa 1, 3 and 5 (mean acceptance length, deterministic); benchmarks/RESULTS.md has
 the figures at temperature 0 and 1 with their confidence intervals.
+
+A published EAGLE-3 head (vLLM's layout, `load_eagle3`) is tested on random folders written in that layout for the
+tiny target (std 0.5, a draft vocabulary of 3/4 of the target's, so q is 0 on a quarter of it): its logits equal
+vLLM's layer written out in this file from the weights file's tensors alone; in the engine its first draft reads the
+right position's features; greedy output equals plain greedy; the law of three tokens at temperature > 0 holds at
+kappa 3 (two of the grid's settings, the level and power of the law test above: the recovered token must cover the
+ids q never drafts); its K/V roll back; a .bin loads as the .safetensors does; and each broken folder (architecture,
+sizes, layer ids, draft vocabulary, missing / misshapen / unexpected tensors, d2t, t2d) fails naming file and key.
 """
 import atexit
 import json
@@ -307,7 +315,7 @@ def test_cli_sweep_with_the_head(capsys):
     assert "--method eagle3" in out and "crossing (speedup = 1)" in out and "Chapter 2 predicts" in out
 
 
-# --- a published EAGLE-3 head (vLLM's layout) -------------------------------------------------------------------------
+# --- a published EAGLE-3 head (vLLM's layout) ------------------------------------------------------------------------
 
 E3_LAYERS = (0, 1, 2)            # all three hidden states of the 2-layer tiny target (vLLM's default needs n >= 4)
 E3_GROUPS = ((0.7, 3), (1.0, 0))  # two of the grid's settings: top-k and plain sampling
@@ -345,7 +353,8 @@ def eagle3_reference(folder, target, tokens):
     target's fused features of p - 1 (zeros at 0) and the token at p; returns the logits over the target vocabulary
     at every row (-inf outside the draft vocabulary)."""
     from safetensors.torch import load_file
-    w = {k: v.double() if v.is_floating_point() else v for k, v in load_file(str(folder / "model.safetensors")).items()}
+    w = load_file(str(folder / "model.safetensors"))
+    w = {k: v.double() if v.is_floating_point() else v for k, v in w.items()}
     cfg = json.loads((folder / "config.json").read_text())
     eps, T = cfg["rms_norm_eps"], len(tokens)
     heads, kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
@@ -464,12 +473,14 @@ def _broken(tmp_path, config=None, drop=(), change=None):
     ({"config": {"hidden_size": 32}}, "config.json: hidden_size is 32, the target's is 16"),
     ({"config": {"vocab_size": 128}}, "config.json: vocab_size is 128, the target's is 64"),
     ({"config": {"num_hidden_layers": 2}}, "config.json: speclab loads one-layer EAGLE-3 heads"),
-    ({"config": {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 5]}}}, "eagle_aux_hidden_state_layer_ids"),
+    ({"config": {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 5]}}},
+     "eagle_aux_hidden_state_layer_ids"),
     ({"config": {"draft_vocab_size": 100}}, "draft_vocab_size"),
     ({"drop": ("midlayer.hidden_norm.weight",)}, r"model.safetensors: missing \['midlayer.hidden_norm.weight'\]"),
     ({"drop": ("d2t",)}, r"model.safetensors: missing \['d2t'\]"),
     ({"change": {"midlayer.self_attn.q_proj.weight": torch.zeros(16, 16)}},
-     r"model.safetensors: midlayer.self_attn.q_proj.weight has shape \(16, 16\), the config and target imply \(16, 32\)"),
+     r"model.safetensors: midlayer.self_attn.q_proj.weight has shape \(16, 16\), the config and target imply "
+     r"\(16, 32\)"),
     ({"change": {"fc.weight": torch.zeros(16, 32)}}, r"fc.weight has shape \(16, 32\)"),
     ({"change": {"midlayer.extra.weight": torch.zeros(3)}}, r"unexpected tensors \['midlayer.extra.weight'\]"),
     ({"change": {"d2t": torch.full((48,), 20)}}, "d2t maps draft ids outside the target vocabulary"),
