@@ -165,22 +165,23 @@ class RequestState(Request):
     block table, hash chain), which the block manager holds as is, extended with what the engine keeps.
 
     One writer per field: the block manager writes Chapter 6's fields (only its `commit` appends to `token_ids`); the
-    scheduler the status, the draft's computed count and the counters; the rest is set once, by `new_request`."""
-    num_prompt_tokens: int             # set once: the prompt is token_ids[:num_prompt_tokens]
-    params: SamplingParams
-    stop_ids: frozenset                # stop token ids (the EOS included unless ignore_eos)
-    target_gen: torch.Generator        # bonus tokens, acceptance coins, recovered tokens
-    draft_gen: torch.Generator         # the drafter's draws
-    detokenizer: Detokenizer | None = None   # its text, decoded as it grows, and its stop strings (needs a tokenizer)
+    scheduler writes the status, the draft's computed count, the counters and the log-probs, and feeds the detokenizer
+    (through `keep`); the rest is set once, by `new_request`."""
+    num_prompt_tokens: int             # new_request: the prompt is token_ids[:num_prompt_tokens]
+    params: SamplingParams             # new_request
+    stop_ids: frozenset                # new_request: stop token ids (the EOS included unless ignore_eos)
+    target_gen: torch.Generator        # new_request: bonus tokens, acceptance coins, recovered tokens
+    draft_gen: torch.Generator         # new_request: the drafter's draws
+    detokenizer: Detokenizer | None = None   # new_request; fed by the scheduler (keep): text and stop strings
     status: str = WAITING              # the scheduler
-    num_draft_computed: int = 0        # positions whose draft K/V are in the cache (the draft lags): the scheduler
-    num_steps: int = 0                 # speculative steps that emitted tokens for this request: the scheduler
-    num_drafts: int = 0                # steps that drafted for it, drafted tokens, accepted drafts: the scheduler
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    logprobs: list = field(default_factory=list)           # per emitted token, when params.logprobs is set
-    on_tokens: Callable[[list[int]], None] | None = None
-    arrival_time: float = 0.0          # time.perf_counter() when it arrived (the server's handler, or add_request)
+    num_draft_computed: int = 0        # the scheduler (from the drafter's report): draft K/V positions cached
+    num_steps: int = 0                 # the scheduler: speculative steps that emitted tokens for this request
+    num_drafts: int = 0                # the scheduler: steps that drafted for it, drafted tokens, accepted drafts
+    num_draft_tokens: int = 0          # the scheduler
+    num_accepted_tokens: int = 0       # the scheduler
+    logprobs: list = field(default_factory=list)           # the scheduler: per emitted token, when params.logprobs
+    on_tokens: Callable[[list[int]], None] | None = None   # new_request: called with each step's kept tokens
+    arrival_time: float = 0.0          # new_request: time.perf_counter() when it arrived (server or add_request)
 
     @property
     def prompt_ids(self) -> list[int]:

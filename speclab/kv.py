@@ -367,7 +367,7 @@ class BlockManager:
         r.block_ids, r.num_computed_tokens, r.num_cached_blocks, r.spec_tokens = [], 0, 0, None
 
     def preempt(self, req_id: Hashable) -> None:
-        "Release every block of a request and reset it to recompute from scratch; its hash chain and counts stay."
+        "Release every block of a request and reset it to recompute from scratch; its tokens and hash chain stay."
         r = self._get(req_id)
         self._release_all(r)
         r.block_ids, r.num_computed_tokens, r.num_cached_blocks, r.spec_tokens = [], 0, 0, None

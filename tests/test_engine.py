@@ -43,6 +43,7 @@ SamplingParams accepts decodes, max_tokens and stop tokens are exact, the metric
 a scripted drafter, bad requests fail alone, bad arguments raise naming the argument. The synthetic (timing) mode
 is checked in tests/test_acceptance.py (it is Chapter 9's benchmark component, not part of the engine).
 """
+import dataclasses
 import itertools
 import os
 import re
@@ -53,7 +54,9 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from speclab.engine import DRAFT_SALT, ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder, cycle_collector_paused
+from speclab.engine import (DRAFT_SALT, ModelDrafter, NgramDrafter, RequestState, SamplingParams, SpecDecoder,
+                            cycle_collector_paused)
+from speclab.kv import Request, hash_chain
 from speclab.model import generate as plain_generate
 from speclab.proof import LEVEL, chi_square_gof, detectable_tv, draws_for_law
 from speclab.testing import sequence_law, tiny_random_pair
@@ -586,3 +589,37 @@ def test_step_outputs_carry_arrival_time_and_output_count():
         with pytest.raises(TypeError, match="arrival_time"):
             eng.add_request(PROMPT, arrival_time=bad)
     assert not eng.has_unfinished() and eng.next_id == 2
+
+
+def test_one_record_per_request_shared_with_the_block_manager():
+    """Issue 26: a request has ONE record. The engine's RequestState is Chapter 6's Request extended, and the block
+    manager holds that very object from admission to finish, through preemptions: no second copy of the tokens, no
+    count or partial-block tail beside them, no alias. Each emitted token is appended once (by the block manager's
+    commit) into the list the request was made with, and both parts see it: after every step each running record's
+    tokens are its prompt plus what it streamed, its hash chain covers its full blocks, and its computed count is the
+    target's."""
+    assert RequestState.__mro__[1] is Request
+    names = [f.name for f in dataclasses.fields(RequestState)]
+    assert len(names) == len(set(names)) and not {"kv", "tail", "num_tokens", "spec_token_ids"} & set(names)
+    eng = SpecDecoder(pair()[0], make_drafter("model"), kappa=3, seed=2, block_size=4, num_blocks=10)
+    prompts = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 7], [0, 5, 2, 2, 6, 1, 3]]
+    streamed = {}
+    ids = [eng.add_request(p, SamplingParams(temperature=0.8, max_tokens=12, seed=i),
+                           on_tokens=lambda new, i=i: streamed.setdefault(i, []).extend(new))
+           for i, p in enumerate(prompts)]
+    records = {rid: eng.requests[rid] for rid in ids}
+    lists = {rid: r.token_ids for rid, r in records.items()}
+    bm, steps = eng.block_manager, 0
+    assert not bm.requests                                  # waiting: nothing registered yet
+    while eng.has_unfinished():
+        eng.step()
+        steps += 1
+        for rid, r in eng.scheduler.running.items():
+            assert bm.requests[rid] is r is records[rid]
+            assert r.token_ids is lists[rid] and r.token_ids == prompts[rid] + streamed.get(rid, [])
+            assert r.block_hashes == hash_chain(r.token_ids, 4) and r.spec_tokens is None
+            assert r.num_computed_tokens == len(r.token_ids) - 1 and r.block_table is r.block_ids
+        assert all(bm.requests[rid] is r for rid, r in records.items() if r.status == "running")
+    assert eng.scheduler.num_preemptions > 0 and not bm.requests
+    for rid, r in records.items():
+        assert r.token_ids is lists[rid] and r.token_ids == prompts[rid] + streamed[rid] and len(streamed[rid]) == 12
