@@ -40,7 +40,8 @@ by its four tests and the planted-bug test, are computed once.
 
 The other tests are deterministic: greedy = plain greedy decoding, a seeded request ignores its batch, every seed
 SamplingParams accepts decodes, max_tokens and stop tokens are exact, the metrics equal counts worked out by hand for
-a scripted drafter, bad requests fail alone, bad arguments raise naming the argument. The synthetic (timing) mode
+a scripted drafter, bad requests fail alone, bad arguments raise naming the argument, and a request has one record,
+the very object the block manager holds (issue 26). The synthetic (timing) mode
 is checked in tests/test_acceptance.py (it is Chapter 9's benchmark component, not part of the engine).
 """
 import dataclasses
