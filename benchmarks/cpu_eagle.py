@@ -3,12 +3,17 @@
     python benchmarks/cpu_eagle.py bench              # batch 1, greedy and T = 1, kappa 1..6, then the batch sweep
     python benchmarks/cpu_eagle.py ablation           # what EAGLE-3's fused features and training-time test each add
 
-bench: on the shipped tiny target, held-out prompts, each (temperature, kappa, drafter) point runs plain and
-speculative decoding side by side in one process (speclab.sweep.measure_point: interleaved passes, the fastest
-kept). Per point: per-position acceptance, E, alpha-hat (Chapter 9's fit) and the i.i.d. test's p-value, tokens/s of
-both, the speedup. c (draft step / target step at batch 1) is measured in the same run for the draft model and the
-head, and predicted from Chapter 2's byte count. Then the batch sweep (greedy, kappa 3) for the head and the draft
-model: the measured crossing against Chapter 2's prediction from alpha-hat, c and this machine's ridge T*.
+bench: on the shipped tiny target, held-out prompts, each (temperature, kappa) point runs plain decoding and every
+drafter side by side in one process: one engine each, passes interleaved (the order reversed every other round), the
+fastest pass of each kept, and every drafter's speedup taken against the same plain passes, so that the head and the
+draft model are compared in one time window with one denominator. Drafters: the EAGLE head as the engine runs it
+(`eagle`: float16 on a CPU, Chapter 12's `draft_dtype`), the same head in float32 (`eagle_fp32`, what it drafted in
+before; absent when the installed speclab predates the option), the 2-layer draft model and n-gram lookup. Per point:
+per-position acceptance, E, alpha-hat (Chapter 9's fit) and the i.i.d. test's p-value, tokens/s of both, the speedup.
+c (draft step / target step at batch 1) is measured in the same run for the draft model and the head (in float32 and
+in its drafting dtype), and predicted from Chapter 2's byte count. Then the batch sweep (greedy, kappa 3) for the head
+and the draft model (speclab.sweep.measure_point): the measured crossing against Chapter 2's prediction from
+alpha-hat, c and this machine's ridge T*.
 
 ablation: the target's features computed once on training windows and held-out windows, then four heads trained with
 the same small budget: {last layer only, low+mid+high fused} x {no training-time test, 2 levels of it}; held-out
@@ -46,8 +51,9 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def head_c(head, target, draft):
-    "c measured (fastest step at batch 1, context 64) for the draft model and the head, and Chapter 2's byte ratio."
+def head_c(head, target, draft, dtype=None):
+    """c measured (fastest step at batch 1, context 64) for the draft model and the head (float32, and in `dtype`,
+    the dtype it drafts in, when given), and Chapter 2's byte ratio."""
     from speclab.sweep import step_seconds
     from speclab.eagle import head_step_seconds
     t = step_seconds(target, 1, repeats=20)
@@ -55,13 +61,45 @@ def head_c(head, target, draft):
     h = head_step_seconds(head, target, repeats=20)
     t_params = target.args.streamed_params
     h_params = sum(p.numel() for p in head.parameters()) + target.head_weight.numel() + target.args.hidden_size
-    return {"target_step_s": t, "draft_step_s": d, "head_step_s": h, "c_draft": d / t, "c_head": h / t,
-            "c_draft_predicted": draft.args.streamed_params / t_params, "c_head_predicted": h_params / t_params}
+    out = {"target_step_s": t, "draft_step_s": d, "head_step_s": h, "c_draft": d / t, "c_head": h / t,
+           "c_draft_predicted": draft.args.streamed_params / t_params, "c_head_predicted": h_params / t_params}
+    if dtype is not None and dtype != torch.float32:
+        h2 = head_step_seconds(head, target, repeats=20, dtype=dtype)
+        out.update(head_dtype=str(dtype), head_step_s_dtype=h2, c_head_dtype=h2 / t)
+    return out
+
+
+def measure_drafters(target, drafters, prompts, params, kappa, repeats):
+    """One (temperature, kappa) point: plain decoding and one engine per drafter, batch 1, passes interleaved (order
+    reversed every other round), the fastest pass of each kept; each drafter's speedup against the same plain passes."""
+    from speclab.acceptance import fit_alpha
+    from speclab.engine import SpecDecoder
+    sizes = dict(max_num_seqs=1, enable_prefix_caching=False, seed=0)
+    engines = {"plain": SpecDecoder(target, None, kappa=0, **sizes)}
+    for name, drafter in drafters.items():
+        engines[name] = SpecDecoder(target, drafter, kappa=kappa, **sizes)
+    best = {name: (math.inf, 0) for name in engines}
+    for r in range(repeats):
+        for name in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
+            t0 = time.perf_counter()
+            tokens = sum(len(engines[name].generate([p], params)[0].token_ids) for p in prompts)
+            best[name] = min(best[name], (time.perf_counter() - t0, tokens))
+    plain_tok_s = best["plain"][1] / best["plain"][0]
+    rows = []
+    for name in drafters:
+        m = engines[name].metrics
+        spec_tok_s = best[name][1] / best[name][0]
+        rows.append(dict(drafter=name, batch=1, kappa=kappa, temperature=params.temperature,
+                         output_len=params.max_tokens, synthetic=False, requests=len(prompts), spec_tok_s=spec_tok_s,
+                         plain_tok_s=plain_tok_s, speedup=spec_tok_s / plain_tok_s, E=m.mean_acceptance_length,
+                         alpha_hat=fit_alpha(m).alpha if m.num_drafts else math.nan, r=m.per_position, metrics=m))
+    return rows
 
 
 def bench(a):
     from speclab.acceptance import fit_alpha, iid_test
     from speclab.sweep import measure_point, measure_roofline, measured_crossing, sweep_prompts
+    import speclab.eagle
     from speclab.eagle import eagle_drafter
     from speclab.engine import ModelDrafter, NgramDrafter, SamplingParams
     from speclab.model import load_model
@@ -70,19 +108,22 @@ def bench(a):
     target = load_model(tiny_pair_path("target"))
     draft = load_model(tiny_pair_path("draft"))
     eagle = eagle_drafter(target)
-    drafters = {"eagle": eagle, "draft_model": ModelDrafter(draft), "ngram": NgramDrafter(3)}
+    drafters = {"eagle": eagle}
+    if hasattr(speclab.eagle, "draft_dtype"):                       # the float32 head, next to the engine's
+        drafters["eagle_fp32"] = eagle_drafter(target, dtype=torch.float32)
+    drafters.update(draft_model=ModelDrafter(draft), ngram=NgramDrafter(3))
     prompts = sweep_prompts(a.prompts)
     out = {"date": utc_now(), "machine": machine(), "load_before": load_average(), "command": " ".join(sys.argv),
-           "c": head_c(eagle.head, target, draft), "rows": [], "sweep": []}
+           "speclab": str(Path(speclab.eagle.__file__).parent), "drafters": list(drafters),
+           "c": head_c(eagle.head, target, draft, getattr(eagle, "dtype", None)), "rows": [], "sweep": []}
     print(json.dumps(out["c"]), flush=True)
     for temperature in (0.0, 1.0):
         params = SamplingParams(temperature=temperature, max_tokens=a.output_len, ignore_eos=True)
         for kappa in [int(k) for k in a.kappas.split(",")]:
-            for name, drafter in drafters.items():
-                row = measure_point(target, drafter, prompts, 1, params, kappa, repeats=a.repeats)
+            for row in measure_drafters(target, drafters, prompts, params, kappa, a.repeats):
                 m = row.pop("metrics")
-                row.pop("sample")
-                row.update(drafter=name, alpha_ci=[fit_alpha(m).low, fit_alpha(m).high] if m.num_drafts else None,
+                name = row["drafter"]
+                row.update(alpha_ci=[fit_alpha(m).low, fit_alpha(m).high] if m.num_drafts else None,
                            iid_p=iid_test(m).p_value if m.num_drafts else None)
                 out["rows"].append(row)
                 print(f"T={temperature} kappa={kappa} {name:12s} E={row['E']:.2f} alpha={row['alpha_hat']:.3f} "
@@ -99,7 +140,7 @@ def bench(a):
             row.pop("sample")
             rows.append(row)
             print(f"sweep {name:12s} batch={batch} x{row['speedup']:.2f}", flush=True)
-        c = out["c"]["c_head" if name == "eagle" else "c_draft"]
+        c = out["c"].get("c_head_dtype", out["c"]["c_head"]) if name == "eagle" else out["c"]["c_draft"]
         out["sweep"].append({"drafter": name, "rows": rows, "c": c,
                              "measured_crossing": measured_crossing([r["batch"] for r in rows],
                                                                     [r["speedup"] for r in rows]),

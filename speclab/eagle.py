@@ -9,10 +9,11 @@ __all__ = ['HEAD_ARCH', 'EAGLE3_ARCHS', 'EAGLE_NAMES', 'eagle3_layers', 'last_la
            'eagle3_default_layers', 'eagle3_layout', 'Eagle3Head', 'eagle3_hidden', 'eagle3_target_ids',
            'eagle3_logits', 'step_hidden', 'step_logits', 'eagle3_config', 'eagle3_weights_file', 'eagle3_check',
            'eagle3_map', 'check_eagle3', 'load_eagle3', 'is_eagle3', 'write_eagle3', 'capture_paged', 'draw_drafts',
-           'EagleDrafter', 'head_step_seconds', 'eagle_drafter', 'sweep_eagle', 'main']
+           'draft_dtype', 'cast_head', 'EagleDrafter', 'head_step_seconds', 'eagle_drafter', 'sweep_eagle', 'main']
 
 # %% ../nbs/12_eagle.ipynb #bf971328
 import argparse
+import copy
 import json
 import math
 import sys
@@ -20,6 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -528,11 +530,12 @@ def capture_paged(target: Llama, cache: list[PagedKV], batch: PagedBatch, layers
     "Chapter 7's paged step (the same arithmetic, so the same logits) that also keeps `layers` for every row."
     x = target.model.embed_tokens(batch.token_ids)
     cos, sin = rope_cos_sin(target.inv_freq, batch.positions, x.dtype)
-    hidden = [x]
-    for layer, kv in zip(target.model.layers, cache):
+    kept = {0: x} if 0 in layers else {}                           # only the fused layers, not all n + 1
+    for i, (layer, kv) in enumerate(zip(target.model.layers, cache), 1):
         x = decoder_layer(layer, x, cos, sin, paged_attend(kv, batch), target.args)
-        hidden.append(x)
-    features = torch.cat([hidden[i] for i in layers], -1)
+        if i in layers:
+            kept[i] = x
+    features = torch.cat([kept[i] for i in layers], -1)
     if logits_indices is not None:
         x = x[logits_indices.to(x.device)]
     return target.model.norm(x) @ target.head_weight.T, features
@@ -548,18 +551,41 @@ def draw_drafts(logits: torch.Tensor, batch: list[RequestState], greedy: bool,
     q = request_probs(logits, [r.params for r in batch])
     return draw_tokens(q, [r.params.greedy for r in batch], [r.draft_gen for r in batch], check=False), q
 
+# %% ../nbs/12_eagle.ipynb #e12half2
+def draft_dtype(target: Llama) -> torch.dtype:
+    "The dtype a head drafts in by default: float16 for a float32 target on the CPU (half the bytes), else the target's."
+    w = target.head_weight
+    return torch.float16 if w.dtype == torch.float32 and w.device.type == "cpu" else w.dtype
+
+def cast_head(head: EagleHead | Eagle3Head, target: Llama, dtype: torch.dtype) -> tuple[Any, Any]:
+    """The head and what it reads of the target (embedding, final norm, LM head) in dtype: copies, or both as they are
+    when they already have it. The target's part is a stand-in with the three names the head's functions read."""
+    if head.fc.weight.dtype == dtype and target.head_weight.dtype == dtype:
+        return head, target
+    w = target.head_weight.detach().to(dtype)
+    table = target.model.embed_tokens.weight
+    embed = nn.Embedding.from_pretrained(w if table is target.head_weight else table.detach().to(dtype))
+    model = SimpleNamespace(embed_tokens=embed, norm=copy.deepcopy(target.model.norm).to(dtype))
+    return copy.deepcopy(head).to(dtype), SimpleNamespace(model=model, head_weight=w)
+
+
 # %% ../nbs/12_eagle.ipynb #3265ac31
 class EagleDrafter:
     "Drafts with an EAGLE head: the target's features of the verified positions in, kappa tokens and q rows out."
     uses_probs = True
 
-    def __init__(self, head: EagleHead | Eagle3Head, target: Llama, greedy: bool = False):
+    def __init__(self, head: EagleHead | Eagle3Head, target: Llama, greedy: bool = False,
+                 dtype: torch.dtype | None = None):
         if not isinstance(head, (EagleHead, Eagle3Head)):
             raise TypeError(f"head must be an EagleHead or an Eagle3Head, got {type(head).__name__}")
         if head.args.hidden_size != target.args.hidden_size or head.args.vocab_size != target.args.vocab_size:
             raise ValueError("head and target disagree on hidden_size or vocab_size: a head fits one target")
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be None or a floating torch.dtype, got {dtype!r}")
         self.head = head
         self.target = target
+        self.dtype = head.fc.weight.dtype if dtype is None else dtype          # what the head drafts in
+        self.draft_head, self.draft_target = cast_head(head, target, self.dtype)
         self.greedy = greedy
         self.tokenizer = None
         self.trusted = {}                  # req_id -> positions whose head K/V came from the target's features
@@ -571,10 +597,10 @@ class EagleDrafter:
 
     def bind(self, num_blocks: int, block_size: int, sliding_window: int | None) -> None:
         "The head's K/V pool and a feature pool, both laid out like the target's blocks (same slots)."
-        w = self.target.head_weight
-        self.cache = paged_cache(self.head.args, num_blocks, block_size, w.dtype, w.device)
+        dev = self.target.head_weight.device
+        self.cache = paged_cache(self.head.args, num_blocks, block_size, self.dtype, dev)
         width = len(self.head.feature_layers) * self.target.args.hidden_size
-        self.features = torch.zeros(num_blocks * block_size, width, dtype=w.dtype, device=w.device)
+        self.features = torch.zeros(num_blocks * block_size, width, dtype=self.dtype, device=dev)
         self.block_size = block_size
         self.sliding_window = sliding_window
         self.trusted = {}
@@ -583,7 +609,7 @@ class EagleDrafter:
                        logits_indices: torch.Tensor | None = None) -> torch.Tensor:
         "The engine's verify forward: logits as forward_paged's, and each row's features stored at its slot."
         logits, features = capture_paged(target, cache, batch, self.head.feature_layers, logits_indices)
-        self.features.index_copy_(0, batch.slot_mapping, features)
+        self.features.index_copy_(0, batch.slot_mapping, features.to(self.dtype))
         return logits
 
     def feature_positions(self, r: RequestState, start: int, end: int) -> list[int]:
@@ -598,9 +624,11 @@ class EagleDrafter:
     def _run(self, batch, starts, blocks, features):
         "The head over each request's block of positions; its hidden state at each block's last row."
         dev = self.target.head_weight.device
-        pb = paged_batch(blocks, starts, [r.block_table for r in batch], self.block_size, dev, self.sliding_window)
-        cos, sin = rope_cos_sin(self.head.inv_freq, pb.positions, features.dtype)
-        hidden = step_hidden(self.head, self.target, features, pb.token_ids, cos, sin, paged_attend(self.cache[0], pb))
+        pb = paged_batch(blocks, starts, [r.block_table for r in batch], self.block_size, dev, self.sliding_window,
+                         check=False)                                 # the engine's own tables, as ModelDrafter's
+        head, target = self.draft_head, self.draft_target
+        cos, sin = rope_cos_sin(head.inv_freq, pb.positions, features.dtype)
+        hidden = step_hidden(head, target, features, pb.token_ids, cos, sin, paged_attend(self.cache[0], pb))
         return hidden[pb.last_token_indices]
 
     @torch.no_grad()
@@ -615,7 +643,7 @@ class EagleDrafter:
             slots += self._slots(r, self.feature_positions(r, s, e))
             blocks.append(r.token_ids[s:e])
         idx = torch.tensor(slots, device=self.features.device)
-        fused = self.head.fc(self.features[idx.clamp(min=0)] * (idx >= 0)[:, None])
+        fused = self.draft_head.fc(self.features[idx.clamp(min=0)] * (idx >= 0)[:, None])
         hidden = self._run(batch, starts, blocks, fused)
         for r, e in zip(batch, ends):
             self.trusted[r.req_id] = e
@@ -626,7 +654,8 @@ class EagleDrafter:
         all_greedy = all(r.params.greedy for r in batch)
         qs, keys = [], []
         for j in range(K):
-            logits = step_logits(self.head, self.target, hidden[live.to(hidden.device)])
+            logits = step_logits(self.draft_head, self.draft_target, hidden[live.to(hidden.device)])
+            logits = logits.to(self.target.head_weight.dtype)          # q in the target's dtype, as the sampler's p
             tokens, q = draw_drafts(logits, [batch[i] for i in live.tolist()], self.greedy, all_greedy)
             toks[live, j] = tokens.cpu()
             qs.append(q)
@@ -645,8 +674,10 @@ class EagleDrafter:
 
 # %% ../nbs/12_eagle.ipynb #dc24d7d9
 @torch.no_grad()
-def head_step_seconds(head: EagleHead | Eagle3Head, target: Llama, context: int = 64, repeats: int = 20) -> float:
-    "Fastest of `repeats` head steps at batch 1 (one token after `context` cached ones, through its LM head)."
+def head_step_seconds(head: EagleHead | Eagle3Head, target: Llama, context: int = 64, repeats: int = 20,
+                      dtype: torch.dtype | None = None) -> float:
+    "Fastest of `repeats` head steps at batch 1 (one token after `context` cached ones, through its LM head), in dtype."
+    head, target = cast_head(head, target, head.fc.weight.dtype if dtype is None else dtype)
     w, bs = target.head_weight, 16
     cache = paged_cache(head.args, -(-(context + 1) // bs), bs, w.dtype, w.device)
     table = [list(range(len(cache[0].k)))]
@@ -663,11 +694,13 @@ def head_step_seconds(head: EagleHead | Eagle3Head, target: Llama, context: int 
     return min(times[1:])
 
 # %% ../nbs/12_eagle.ipynb #422c6358
-def eagle_drafter(target: Llama, folder: str | Path | None = None, greedy: bool = False) -> EagleDrafter:
-    "An EagleDrafter with the head in folder (save_head's or a published EAGLE-3 one; the shipped head when None)."
+def eagle_drafter(target: Llama, folder: str | Path | None = None, greedy: bool = False,
+                  dtype: torch.dtype | None = None) -> EagleDrafter:
+    """An EagleDrafter with the head in folder (save_head's or a published EAGLE-3 one; the shipped head when None),
+    drafting in dtype (None: `draft_dtype(target)`)."""
     folder = eagle_path() if folder is None else Path(folder)
     head = load_eagle3(folder, target) if is_eagle3(folder) else load_head(folder, target)
-    return EagleDrafter(head, target, greedy)
+    return EagleDrafter(head, target, greedy, draft_dtype(target) if dtype is None else dtype)
 
 # %% ../nbs/12_eagle.ipynb #e12sweep2
 def sweep_eagle(batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), kappa: int = 3, temperature: float = 0.0,

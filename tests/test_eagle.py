@@ -184,6 +184,47 @@ def test_preemption_recomputes_the_features():
     assert drafts == ref_drafts
 
 
+def test_half_precision_head_is_exact_and_rolls_back():
+    """A drafter that runs the head in float16 (the CPU default for a float32 target, Chapter 12's `draft_dtype`) on the
+    float64 tiny target: output equals plain greedy decoding, and every draft equals that of a float16 drafter that
+    recomputes the head from position 0 each step (its K/V pool is float16 too and rolls back the same way)."""
+    prompts, max_tokens, plain = greedy_case(64)
+    half = EagleDrafter(head(64), pair(64)[0], dtype=torch.float16)
+    assert half.draft_head.fc.weight.dtype == torch.float16 and head(64).fc.weight.dtype == torch.float64
+    outs, drafts, eng = _run(half, prompts, max_tokens)
+    ref_outs, ref_drafts, _ = _run(Recompute(head(64), pair(64)[0], dtype=torch.float16), prompts, max_tokens)
+    assert outs == plain == ref_outs
+    assert drafts == ref_drafts
+    assert half.cache[0].k.dtype == torch.float16 and half.features.dtype == torch.float16
+    assert 0 < eng.metrics.num_accepted_tokens < eng.metrics.num_draft_tokens
+
+
+def test_head_reads_its_keys_as_a_view_at_batch_1(monkeypatch):
+    """Chapter 7's view (PagedBatch.key_start): a request alone in a step whose blocks are consecutive reads its keys in
+    place. The head's paged batches use the request's own block table, so at batch 1 every one of them (catch-up and
+    draft steps) gets the view; at batch 2 none does (the gather is kept)."""
+    import speclab.eagle as eagle_module
+    seen = []
+    def recording(*a, **k):
+        pb = real(*a, **k)
+        seen.append((len(pb.query_lens), pb.key_start))
+        return pb
+    real = eagle_module.paged_batch
+    monkeypatch.setattr(eagle_module, "paged_batch", recording)
+    target = pair(64)[0]
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 8]]
+    params = SamplingParams(temperature=0, max_tokens=12)
+    for p in prompts:                                    # alone in a fresh pool: its blocks are consecutive
+        SpecDecoder(target, eagle(64), kappa=3, block_size=4, enable_prefix_caching=False).generate([p], params)
+    alone = [start for n, start in seen]
+    seen.clear()
+    SpecDecoder(target, eagle(64), kappa=3, block_size=4, enable_prefix_caching=False).generate(prompts, params)
+    together = [start for n, start in seen if n == 2]
+    assert alone and together
+    assert all(start is not None for start in alone)
+    assert all(start is None for start in together)
+
+
 def test_prefix_hit_reads_features_stored_with_the_block():
     """A prefix-cache hit has no target forward for its cached positions: their features live in the feature pool at
     the blocks' slots (written when the blocks were computed). The second request hits 3 blocks and drafts exactly
@@ -279,6 +320,8 @@ def test_bad_arguments_raise():
         EagleHead(target.args, ())
     with pytest.raises(TypeError, match="head"):
         EagleDrafter(target, target)
+    with pytest.raises(TypeError, match="dtype"):
+        EagleDrafter(head(64), target, dtype="half")
     with pytest.raises(TypeError, match="target"):
         init_head("not a model")
 
