@@ -553,7 +553,7 @@ def draw_drafts(logits: torch.Tensor, batch: list[RequestState], greedy: bool,
 
 # %% ../nbs/12_eagle.ipynb #e12half2
 def draft_dtype(target: Llama) -> torch.dtype:
-    "The dtype a head drafts in by default: float16 for a float32 target on the CPU (half the bytes), else the target's."
+    "The dtype a head drafts in by default: float16 for a float32 target on the CPU (half the bytes), else its own."
     w = target.head_weight
     return torch.float16 if w.dtype == torch.float32 and w.device.type == "cpu" else w.dtype
 
@@ -676,7 +676,7 @@ class EagleDrafter:
 @torch.no_grad()
 def head_step_seconds(head: EagleHead | Eagle3Head, target: Llama, context: int = 64, repeats: int = 20,
                       dtype: torch.dtype | None = None) -> float:
-    "Fastest of `repeats` head steps at batch 1 (one token after `context` cached ones, through its LM head), in dtype."
+    "Fastest of `repeats` head steps at batch 1 (a token after `context` cached ones, through its LM head), in dtype."
     head, target = cast_head(head, target, head.fc.weight.dtype if dtype is None else dtype)
     w, bs = target.head_weight, 16
     cache = paged_cache(head.args, -(-(context + 1) // bs), bs, w.dtype, w.device)
