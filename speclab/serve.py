@@ -55,16 +55,20 @@ _log = logging.getLogger("speclab.serve")
 def load_engine(target: str | Path, draft: str | Path | None = None, ngram: int | None = None, kappa: int = 3, *,
                 max_num_seqs: int = 16, max_num_batched_tokens: int = 8192, seed: int = 0, device: str = "cpu",
                 dtype: str = "float32") -> SpecDecoder:
-    "A serving engine on checkpoint folders: a draft model, n-gram lookup, or neither (plain decoding; also kappa 0)."
+    """A serving engine on checkpoint folders: a draft model, an EAGLE head (Chapter 12; `draft` a head's folder),
+    n-gram lookup, or neither (plain decoding; also kappa 0)."""
+    from speclab.eagle import eagle_drafter, is_eagle_head
     if draft is not None and ngram is not None:
         raise ValueError("give a draft model or ngram, not both")
     if isinstance(kappa, bool) or not isinstance(kappa, int) or kappa < 0:
         raise ValueError(f"kappa must be an int >= 0, got {kappa!r}")
     dt = getattr(torch, dtype)
     plain = kappa == 0 or (draft is None and ngram is None)
+    target_model = load_model(target, dt, device)
     drafter = (None if plain else NgramDrafter(ngram) if ngram is not None else
+               eagle_drafter(target_model, draft) if is_eagle_head(draft) else
                ModelDrafter(load_model(draft, dt, device), tokenizer=load_tokenizer(draft)))
-    return SpecDecoder(load_model(target, dt, device), drafter, load_tokenizer(target), kappa=0 if plain else kappa,
+    return SpecDecoder(target_model, drafter, load_tokenizer(target), kappa=0 if plain else kappa,
                        seed=seed, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
 
 # %% ../nbs/11_serve.ipynb #3233df71

@@ -99,6 +99,7 @@ def broken_checkpoints(tmp_path_factory):
     return empty, damaged, no_config
 
 
+GEN = ["generate", "--target", "tiny", "--prompt", "x"]
 MISTAKES = [
     (["generate", "--target", "/no/such/dir", "--ngram", "2", "--prompt", "x"],
      ["speclab generate: error: checkpoint folder not found: /no/such/dir", "local folders only"]),
@@ -125,6 +126,29 @@ MISTAKES = [
     (["grade", "missing.ipynb", "--lab", "labs/08_acceptance"], ["speclab grade: error: submission not found"]),
     (["grade", "x.ipynb", "--lab", "/no/lab"], ["speclab grade: error:"]),
     (["frobnicate"], ["speclab: error: argument COMMAND: invalid choice"]),
+    # how to draft: vLLM's --method and --speculative-config beside speclab's --draft and --ngram (`drafting`)
+    ([*GEN, "--speculative-config", '{"method": "eagle3", "draft_tensor_parallel_size": 1}'],
+     ["speclab generate: error: argument --speculative-config:", "does not implement draft_tensor_parallel_size"]),
+    ([*GEN, "--speculative-config", '{"method": "medusa"}'], ["method must be one of draft_model, ngram, eagle"]),
+    ([*GEN, "--speculative-config", "[1]"], ["expected a JSON object"]),
+    ([*GEN, "--speculative-config", "{method: eagle3}"], ["expected JSON"]),
+    ([*GEN, "--speculative-config", '{"num_speculative_tokens": 0}'], ["num_speculative_tokens must be an int >= 1"]),
+    ([*GEN, "--speculative-config", '{"method": "eagle3"}', "--draft", "tiny"],
+     ["--speculative-config already says how to draft: drop --draft"]),
+    ([*GEN, "--speculative-config", '{"method": "ngram"}'], ["method ngram needs 'prompt_lookup_max' in"]),
+    ([*GEN, "--speculative-config", '{"method": "ngram", "prompt_lookup_max": 2, "model": "tiny"}'],
+     ["method ngram drafts by prompt lookup: drop 'model' in --speculative-config"]),
+    ([*GEN, "--kappa", "2", "--speculative-config", '{"num_speculative_tokens": 3}'],
+     ["--kappa 2 and num_speculative_tokens 3 disagree"]),
+    ([*GEN, "--method", "ngram", "--draft", "tiny"], ["method ngram drafts by prompt lookup: drop --draft"]),
+    ([*GEN, "--method", "eagle", "--draft", "tiny"], ["method eagle drafts with an EAGLE head, and tiny is not one"]),
+    ([*GEN, "--method", "draft_model", "--draft", "eagle"], ["eagle is an EAGLE head, not a draft model"]),
+    ([*GEN, "--method", "draft_model", "--ngram", "2"], ["method draft_model drafts with a model: drop --ngram"]),
+    (GEN, ["speclab generate: error: give --draft, --ngram, --method or --speculative-config"]),
+    (["generate", "--target", "speclab/data/tiny-pair/target", "--method", "eagle3", "--prompt", "x"],
+     ["the shipped EAGLE head drafts for the shipped target only"]),
+    (["demo", "--method", "ngram"], ["speclab demo: error: method ngram needs --ngram"]),
+    (["serve", "--method", "eagle", "--draft", "tiny"], ["speclab serve: error: method eagle drafts with an EAGLE"]),
 ]
 
 
@@ -199,6 +223,46 @@ def test_shipped_pair_by_name():
     assert "sampling temperature, 0 = greedy (default 1)" in flat
     status, out, _ = speclab("demo", "--help")
     assert "sampling temperature, 0 = greedy (default 0)" in " ".join(out.split())
+
+
+def test_every_way_to_ask_for_a_drafter_means_the_same_one():
+    """vLLM's words and speclab's for the same drafter give the same engine: greedy through the shipped EAGLE head by
+    --draft eagle, --method eagle and --speculative-config (method eagle3) emits the same tokens with the same
+    acceptance, and they are plain greedy decoding's (the draft model's run); --method ngram is --ngram. The demo runs
+    with the head (its greedy check holds). One child process for all seven."""
+    short = ["generate", "--target", "tiny", "--temperature", "0", "--max-tokens", "16", "--json",
+             "--prompt", "def add(a, b):\\n    return", "--prompt", "class Stack:\\n    def push(self"]
+    runs = speclab_runs([*short, "--draft", "eagle"], [*short, "--method", "eagle"],
+                        [*short, "--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 3}'],
+                        [*short, "--draft", "tiny"], [*short, "--ngram", "2"],
+                        [*short, "--method", "ngram", "--ngram", "2"],
+                        ["demo", "--method", "eagle", "--repeats", "1", "--max-tokens", "12", "--threads", "1"])
+    assert all(status == 0 for status, _, _ in runs), [err[-2000:] for _, _, err in runs]
+    got = [json.loads(out) for _, out, _ in runs[:6]]
+    tokens = [[o["token_ids"] for o in g["outputs"]] for g in got]
+    assert tokens[0] == tokens[1] == tokens[2] == tokens[3] == tokens[4] == tokens[5]
+    assert got[0]["metrics"] == got[1]["metrics"] == got[2]["metrics"]
+    assert got[4]["metrics"] == got[5]["metrics"]
+    assert got[0]["metrics"] != got[3]["metrics"]           # the head, not the draft model, drafted
+    assert "EAGLE head" in runs[6][1] and "greedy outputs identical to plain decoding: yes" in runs[6][1]
+
+
+def test_serve_drafts_with_the_eagle_head():
+    "speclab serve --method eagle: the command line resolves to the shipped head's folder; the engine drafts with it."
+    from speclab.cli import build_parser, drafting, resolve_checkpoint
+    from speclab.eagle import EagleDrafter, eagle_path
+    from speclab.engine import SamplingParams
+    from speclab.serve import load_engine
+    from speclab.train import tiny_pair_path
+    for argv, want in ((["serve", "--method", "eagle"], 3),
+                       (["serve", "--draft", "eagle", "--num-spec-tokens", "2"], 2),
+                       (["serve", "--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 2}'], 2)):
+        draft, ngram, kappa = drafting(build_parser().parse_args(argv))
+        assert (resolve_checkpoint(draft, "draft"), ngram, kappa) == (eagle_path(), None, want), argv
+    eng = load_engine(tiny_pair_path("target"), eagle_path(), kappa=2)
+    assert isinstance(eng.drafter, EagleDrafter) and eng.kappa == 2
+    out = eng.generate(["def add(a, b):\n    return"], None)[0]
+    assert out.error is None and eng.metrics.num_draft_tokens > 0
 
 
 def test_roofline_says_never_and_na():
