@@ -122,12 +122,20 @@ def test_eagle_law_of_first_three_tokens(temperature, top_k):
     assert pval > LEVEL, f"chi-square p = {pval:.2e} on {df} df (this test flags TV >= {flags:.3f})"
 
 
-@pytest.mark.parametrize("vocab_size,kappa", [(8, 3), (64, 1), (64, 3), (64, 5), (64, {2: 4, 64: 2})],
-                         ids=["V8-kappa3", "V64-kappa1", "V64-kappa3", "V64-kappa5", "V64-schedule"])
-def test_eagle_greedy_equals_plain_greedy(vocab_size, kappa):
-    "Temperature 0 through the EAGLE drafter: the target's greedy output for 50 prompts batched at once (float64)."
+GREEDY_CASES = [("eagle", 8, 3), ("eagle", 64, 1), ("eagle", 64, 3), ("eagle", 64, 5), ("eagle", 64, {2: 4, 64: 2}),
+                ("eagle3", 8, 3), ("eagle3", 64, 1), ("eagle3", 64, 5)]
+
+
+GREEDY_IDS = [f"{k}-V{v}-" + (f"kappa{n}" if isinstance(n, int) else "schedule") for k, v, n in GREEDY_CASES]
+
+
+@pytest.mark.parametrize("kind,vocab_size,kappa", GREEDY_CASES, ids=GREEDY_IDS)
+def test_eagle_greedy_equals_plain_greedy(kind, vocab_size, kappa):
+    """Temperature 0 through the EAGLE drafter: the target's greedy output for 50 prompts batched at once (float64),
+    with our head (`eagle`) and with a published-layout EAGLE-3 head (`eagle3`, draft vocabulary 3/4)."""
     prompts, max_tokens, plain = greedy_case(vocab_size)
-    eng = SpecDecoder(pair(vocab_size)[0], eagle(vocab_size), kappa=kappa, seed=engine_seed(vocab_size, "eagle"))
+    drafter = eagle(vocab_size) if kind == "eagle" else eagle3(vocab_size)
+    eng = SpecDecoder(pair(vocab_size)[0], drafter, kappa=kappa, seed=engine_seed(vocab_size, kind))
     outs = eng.generate(prompts, [SamplingParams(temperature=0, max_tokens=m) for m in max_tokens])
     assert [o.token_ids for o in outs] == plain
     assert eng.metrics.num_draft_tokens > 0
@@ -453,16 +461,6 @@ def test_eagle3_first_draft_reads_the_right_features():
     first = next(d for d in rec.drafts[0] if d)                               # the prefill step drafts nothing
     want = eagle3_reference(eagle3_folder(64), target, prompt + out[:1])[-1]
     assert first == (int(want.argmax()),)
-
-
-@pytest.mark.parametrize("vocab_size,kappa", [(8, 3), (64, 1), (64, 5)], ids=["V8-kappa3", "V64-kappa1", "V64-kappa5"])
-def test_eagle3_greedy_equals_plain_greedy(vocab_size, kappa):
-    "Temperature 0 through a published-layout EAGLE-3 head (draft vocabulary 3/4): the target's greedy output."
-    prompts, max_tokens, plain = greedy_case(vocab_size)
-    eng = SpecDecoder(pair(vocab_size)[0], eagle3(vocab_size), kappa=kappa, seed=engine_seed(vocab_size, "eagle3"))
-    outs = eng.generate(prompts, [SamplingParams(temperature=0, max_tokens=m) for m in max_tokens])
-    assert [o.token_ids for o in outs] == plain
-    assert eng.metrics.num_draft_tokens > 0
 
 
 @pytest.mark.xdist_group("eagle3-law")
