@@ -175,17 +175,14 @@ def load_decoder(target: str, draft: str | None = None, ngram: int | None = None
                  prefix_caching: bool = True) -> tuple[Any, Any]:  # (speclab.engine.SpecDecoder, a tokenizer)
     "A SpecDecoder on local checkpoints (draft model, n-gram lookup, or neither) and the target's tokenizer."
     import torch
-    from speclab.eagle import EAGLE_NAMES, eagle_drafter, eagle_path, is_eagle_head
-    from speclab.engine import ModelDrafter, NgramDrafter, SpecDecoder
+    from speclab.engine import SpecDecoder
     from speclab.model import load_model, load_tokenizer
+    from speclab.eagle import load_drafter
     check_device(device, backend)
     dt, target = getattr(torch, DTYPES[dtype]), resolve_checkpoint(target, "target")
-    head = eagle_path() if draft in EAGLE_NAMES else draft if draft and is_eagle_head(draft) else None
-    draft = None if draft is None or head is not None else resolve_checkpoint(draft, "draft")
+    draft = None if draft is None else resolve_checkpoint(draft, "draft")    # `eagle`: the shipped head's folder
     tok, target_model = load_tokenizer(target), load_model(target, dt, device)
-    drafter = (eagle_drafter(target_model, head) if head is not None else
-               ModelDrafter(load_model(draft, dt, device), tokenizer=load_tokenizer(draft)) if draft else
-               NgramDrafter(ngram) if ngram else None)
+    drafter = load_drafter(target_model, draft, ngram, dt, device)
     eng = SpecDecoder(target_model, drafter, tok, kappa=kappa, backend=backend, seed=seed,
                       enable_prefix_caching=prefix_caching)
     return eng, tok

@@ -45,7 +45,7 @@ from prometheus_client.utils import floatToGoString
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 from starlette.exceptions import HTTPException
 
-from .engine import (ModelDrafter, NgramDrafter, Output, SamplingParams, SpecDecoder, SpecMetrics, StepOutput,
+from .engine import (Output, SamplingParams, SpecDecoder, SpecMetrics, StepOutput,
                             prompt_ids, prompt_logprobs)
 from .model import load_model, load_tokenizer
 
@@ -57,7 +57,7 @@ def load_engine(target: str | Path, draft: str | Path | None = None, ngram: int 
                 dtype: str = "float32") -> SpecDecoder:
     """A serving engine on checkpoint folders: a draft model, an EAGLE head (Chapter 12; `draft` a head's folder),
     n-gram lookup, or neither (plain decoding; also kappa 0)."""
-    from speclab.eagle import eagle_drafter, is_eagle_head
+    from speclab.eagle import load_drafter
     if draft is not None and ngram is not None:
         raise ValueError("give a draft model or ngram, not both")
     if isinstance(kappa, bool) or not isinstance(kappa, int) or kappa < 0:
@@ -65,9 +65,7 @@ def load_engine(target: str | Path, draft: str | Path | None = None, ngram: int 
     dt = getattr(torch, dtype)
     plain = kappa == 0 or (draft is None and ngram is None)
     target_model = load_model(target, dt, device)
-    drafter = (None if plain else NgramDrafter(ngram) if ngram is not None else
-               eagle_drafter(target_model, draft) if is_eagle_head(draft) else
-               ModelDrafter(load_model(draft, dt, device), tokenizer=load_tokenizer(draft)))
+    drafter = None if plain else load_drafter(target_model, draft, ngram, dt, device)
     return SpecDecoder(target_model, drafter, load_tokenizer(target), kappa=0 if plain else kappa,
                        seed=seed, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
 
