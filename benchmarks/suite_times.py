@@ -30,6 +30,7 @@ def law_tests() -> list[tuple[str, str, int]]:
     import test_engine as eng
     import test_metadata as meta
     import test_sampling as samp
+    import test_sampling_fields as fields
     import test_scheduler as sched
     from speclab.proof import draws_for_law, draws_for_tv
     narrow = samp.trials_for(samp.markov(16, 1, 1.5), 4, samp.TV_TOKEN, pairs=True)
@@ -46,7 +47,16 @@ def law_tests() -> list[tuple[str, str, int]]:
             ("scheduler law under events (requests)", "tests/test_scheduler.py::test_law_under_engine_events",
              sum(sched.law_sizes())),
             ("Triton engine = torch counts (requests)", "tests/test_engine.py::test_triton_counts_equal_torch",
-             2 * eng.N_TRITON)]
+             2 * eng.N_TRITON),
+            ("sampling fields, each in one batch (requests)",
+             "tests/test_sampling_fields.py::test_each_field_and_mixed_in_one_batch",
+             sum(fields.draws(fields.TV_FIELDS))),
+            ("sampling fields, all at once at TV 0.03 (requests)",
+             "tests/test_sampling_fields.py::test_every_field_at_once_at_the_grids_power",
+             fields.draw_size("mixed", eng.TV_JOINT)),
+            ("sampling fields, prefix hits and preemption (requests)",
+             "tests/test_sampling_fields.py::test_fields_through_prefix_hits_and_preemption",
+             sum(fields.draws(fields.TV_FIELDS_EVENTS)))]
     per_cell = int(sum(eng.law_sizes()) * (1 + 1 / eng.GREEDY_EVERY))
     for kappa in eng.KAPPAS:
         for drafter in eng.DRAFTERS:
