@@ -31,6 +31,10 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--dis
 SHOTS = {"index": "index", "roofline": "chapter_math_plot", "api": "api_reference", "proof": "show_doc_entries",
          "lab08": "lab", "lab08_student": "lab_student_notebook"}
 
+# How long a page may take to go network-idle after its math is typeset (favicon, fonts, images). Idle, a page settles
+# within a second or two; one CI run on a loaded 2-core machine missed playwright's default of 30 s.
+IDLE_TIMEOUT_MS = 120_000
+
 pytestmark = [pytest.mark.skipif(
     not CHROMIUM.exists(),
     reason="browser test of the website skipped: /usr/bin/chromium is absent (apt-get install -y chromium)"),
@@ -137,6 +141,10 @@ def visits(site, server, shots_dir, tmp_path_factory):
                     if m.type in ("error", "assert") else None)
             page.on("pageerror", lambda e: events.append(f"page error: {e}"))
             page.on("requestfailed", lambda r: events.append(f"request failed: {r.url} ({r.failure})"))
+            inflight: set[str] = set()                      # what a page that never goes idle is waiting for
+            page.on("request", lambda r: inflight.add(r.url))
+            page.on("requestfinished", lambda r: inflight.discard(r.url))
+            page.on("requestfailed", lambda r: inflight.discard(r.url))
             page.on("response", lambda r: events.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
 
             def route(r):
@@ -152,7 +160,7 @@ def visits(site, server, shots_dir, tmp_path_factory):
                 page.wait_for_function(
                     "() => document.querySelectorAll('.math').length === "
                     "document.querySelectorAll('.math mjx-container').length", timeout=60_000)
-                page.wait_for_load_state("networkidle")  # the favicon and fonts too, before the next page
+                wait_idle(page, name, inflight)      # the favicon and fonts too, before the next page
                 rep = page.evaluate(PAGE_REPORT)
                 rep["events"] = list(events)
                 reports[name] = rep
@@ -170,6 +178,16 @@ def visits(site, server, shots_dir, tmp_path_factory):
             ctx.close()
     print(f"\nscreenshots of the website: {shots_dir}")
     return reports
+
+
+def wait_idle(page, name: str, inflight: set[str]) -> None:
+    "Wait until the page's network is idle, or fail naming the requests still in flight."
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    try:
+        page.wait_for_load_state("networkidle", timeout=IDLE_TIMEOUT_MS)
+    except PlaywrightTimeout:
+        pytest.fail(f"{name}: the network was not idle after {IDLE_TIMEOUT_MS / 1000:.0f} s; "
+                    f"requests in flight: {sorted(inflight) or 'none'}")
 
 
 def _fail(problems: dict) -> str:
