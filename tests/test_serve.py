@@ -13,6 +13,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from speclab.vllm_io import metrics_delta, parse_prometheus
 from speclab.engine import SamplingParams
-from speclab.serve import EngineLoop, ServerThread, build_app, load_engine
+from speclab.serve import Abort, EngineLoop, ServerThread, build_app, load_engine
 from speclab.train import tiny_pair_path
 
 pytestmark = pytest.mark.xdist_group("serve")   # one worker: its module fixtures are built once
@@ -237,19 +238,28 @@ def test_failed_step_fails_its_requests_only(client, server):
 
 
 def hold_until_a_command(lp, timeout=60):
-    """Make the engine wait, once a request has tokens, until a handler sends a command (an abort), bounded.
+    """Make the engine wait, once a request has tokens, until a handler sends an abort of a live request, bounded.
 
     Without it a fast engine finishes the whole request before a slow client hangs up, and the test would pass
-    without a disconnect ever reaching the engine. The held step runs afterwards; the hold then removes itself."""
+    without a disconnect ever reaching the engine. Any other command (an earlier test's late abort of a finished
+    request, say) does not end the hold: once one did, and the request finished before the client could look. The
+    held step runs afterwards; the hold then removes itself."""
+    live_abort, send = threading.Event(), lp.send
+
+    def watching_send(command):
+        if isinstance(command, Abort) and command.req_id in lp.streams:
+            live_abort.set()
+        return send(command)
+
     def install(engine):
         def held_step():
             if any(r.num_output_tokens for r in engine.requests.values()):
-                deadline = time.monotonic() + timeout
-                while lp.commands.empty() and time.monotonic() < deadline:
-                    time.sleep(0.01)
+                live_abort.wait(timeout)
                 del engine.step                  # the class's own step again from here on
+                del lp.send
             return type(engine).step(engine)
         engine.step = held_step
+    lp.send = watching_send
     lp.call(install).result(timeout=timeout)
 
 
