@@ -237,7 +237,7 @@ def test_failed_step_fails_its_requests_only(client, server):
     assert complete(client, prompt="x", max_tokens=3)["usage"]["completion_tokens"] == 3
 
 
-def hold_until_a_command(lp, timeout=60):
+def hold_until_an_abort(lp, timeout=60):
     """Make the engine wait, once a request has tokens, until a handler sends an abort of a live request, bounded.
 
     Without it a fast engine finishes the whole request before a slow client hangs up, and the test would pass
@@ -273,7 +273,7 @@ def aborted(client) -> float:
 def test_stream_disconnect_frees_blocks(client, server):
     "A streamed request whose client hangs up mid-stream is aborted: counted as such, every block free again."
     lp, before = server[1], aborted(client)
-    hold_until_a_command(lp)
+    hold_until_an_abort(lp)
     with client.stream("POST", "/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 400, "stream": True,
                                                         "ignore_eos": True}) as r:
         first = next(line for line in r.iter_lines() if line.startswith("data: "))
@@ -287,7 +287,7 @@ def test_stream_disconnect_frees_blocks(client, server):
 def test_plain_disconnect_frees_blocks(client, server):
     "A non-streamed request whose client gives up (a read timeout closes the connection) is aborted too."
     (url, lp), before = server, aborted(client)
-    hold_until_a_command(lp)
+    hold_until_an_abort(lp)
     with httpx.Client(base_url=url, timeout=httpx.Timeout(120, read=1.0)) as impatient:
         with pytest.raises(httpx.ReadTimeout):
             impatient.post("/v1/completions", json={"prompt": PROMPTS[1], "max_tokens": 450, "ignore_eos": True})
