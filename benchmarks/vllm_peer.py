@@ -224,7 +224,8 @@ def level_record(drafter: str, c: int, work: list, runs: dict, before: dict, aft
 def print_record(rec: dict) -> None:
     "One line per level as it finishes (progress on a long run)."
     s, v = rec["speclab"], rec["vllm"]
-    print(f"{rec['drafter']:>11} C={rec['concurrency']:<2} speclab {s['tok_s']:7.1f} tok/s  vLLM {v['tok_s']:7.1f} tok/s"
+    print(f"{rec['drafter']:>11} C={rec['concurrency']:<2} speclab {s['tok_s']:7.1f} tok/s  "
+          f"vLLM {v['tok_s']:7.1f} tok/s"
           f"  ratio {rec['ratio']:.2f}  E {s.get('E', '-')} / {v.get('E', '-')}  text equal "
           f"{rec['text_equal']}/{rec['text_compared']}  load {rec['load_before']} -> {rec['load_after']}", flush=True)
 
@@ -303,7 +304,8 @@ def acc_cell(e: dict) -> str:
 def markdown(records: list, exact: dict) -> str:
     "The table of the run, one row per (drafter, concurrency), and the exactness lines."
     head = ("| drafter | C | speclab tok/s | vLLM tok/s | speclab / vLLM | TTFT ms (speclab / vLLM) "
-            "| ITL ms (speclab / vLLM) | TPOT ms (speclab / vLLM) | E (per position), speclab | E (per position), vLLM "
+            "| ITL ms (speclab / vLLM) | TPOT ms (speclab / vLLM) | E (per position), speclab "
+            "| E (per position), vLLM "
             "| same text | load |")
     lines = [head, "|" + "---|" * 12]
     for rec in records:
