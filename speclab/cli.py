@@ -672,7 +672,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
         plan = plan_audit(prompts, budget=args.budget, level=args.level, concurrency=args.concurrency,
                           seed=args.seed)
     print(format_plan(plan), flush=True)
-    report = run_audit(args.url, args.reference_url, plan, model=args.model, progress=not args.quiet)
+    report = run_audit(args.url, args.reference_url, plan, model=args.model, progress=not args.quiet,
+                       on_power=lambda text: print(text, flush=True))
     with user_input("audit"):
         write_report(report, args.out, args.html)
     print(format_report(report), flush=True)

@@ -1,0 +1,114 @@
+"""The auditor's own false passes (issue 38): no path from NaN, an empty sample or a zero-degree-of-freedom table to
+"pass", and a server that crashes on or refuses a documented field is named, never passed.
+
+The servers here are `speclab.testing.fake_pair`: two small in-process servers that draw from one known law over six
+words, with one of `SERVER_FAULTS` planted in the audited one. No model runs, so an audit takes seconds. The power of
+the audit against the engine's own faults is tests/test_audit.py's business; here each case is decided by
+construction (an empty bin, a crash, a refusal, a point-mass law), not by chance, except the exact pair's pass, which
+fails on chance with probability at most its level (0.001).
+"""
+import math
+
+import pytest
+
+from speclab.audit import (DEFAULT_PROMPTS, SETTINGS, _chi_square, count_test, holm, plan_audit, run_audit,
+                           two_sample_test)
+from speclab.testing import SERVER_FAULTS, fake_pair
+
+T1 = {"t1.0": SETTINGS["t1.0"]}
+K20 = {"t1.0,k20": SETTINGS["t1.0,k20"]}
+
+
+def audit(fault, **plan):
+    "A small audit of the fake pair with `fault` planted in the audited server."
+    kw = dict(prompts=DEFAULT_PROMPTS[:12], budget=900, concurrency=8, settings=T1, penalties={}, num_seeds=8,
+              concurrency_n=0, level=0.001)
+    with fake_pair(fault) as (url, reference_url):
+        return run_audit(url, reference_url, plan_audit(**{**kw, **plan}), progress=False, backoff=0.05)
+
+
+def status(report):
+    return {c["check"]: c["status"] for c in report["checks"]}
+
+
+def test_every_server_fault_has_a_case():
+    assert set(SERVER_FAULTS) == {"repeats_high", "crash_on_top_k", "dies_on_top_k", "refuse_seed"}
+
+
+# The statistics: what could not be computed is NaN, never p = 1, and Holm refuses it.
+
+def test_empty_low_bins_are_a_test_not_nan():
+    "The issue's example: 75 zeros against 75 fives once gave bins with no draws at all, p = NaN, reported pass."
+    statistic, p_value, df, rows = count_test([0] * 75, [5] * 75)
+    assert df == 1 and p_value < 1e-30, (statistic, p_value, rows)
+    assert all(r[1] + r[2] > 0 for r in rows)
+
+
+def test_what_cannot_be_computed_is_nan():
+    assert math.isnan(count_test([], [1, 2])[1])                       # an empty sample
+    assert math.isnan(two_sample_test([], ["a"])[1])
+    assert math.isnan(two_sample_test(["a"] * 50, ["a"] * 50)[1])       # one bin: no degrees of freedom
+    assert math.isnan(_chi_square([("a", 5, 0), ("b", 0, 0)])[1])      # one server drew nothing in any bin
+    with pytest.raises(ValueError, match="NaN"):
+        holm([0.5, math.nan])
+
+
+# Audits of planted servers: each ends as the issue says.
+
+def test_exact_fake_pair_passes_with_every_test_powered():
+    report = audit(None)
+    assert report["exit_code"] == 0, report["line"]
+    assert "each with power" in report["line"]
+    assert all(not c["untested"] for c in report["checks"])
+
+
+def test_repeats_high_fails_the_repeats_check():
+    "The audited server's repeat counts all lie in the top bin, the reference's in the low ones: a FAIL, not a NaN."
+    report = audit("repeats_high", settings={}, penalties={"presence2.0": {"temperature": 1.0,
+                                                                           "presence_penalty": 2.0}}, repeat_tokens=6)
+    assert report["exit_code"] == 1, report["line"]
+    assert status(report)["repeats"] == "FAIL"
+    repeats = next(t for t in report["tests"] if t["check"] == "repeats")
+    assert repeats["df"] >= 1 and repeats["p_value"] < 1e-6
+
+
+def test_a_crash_on_top_k_is_a_named_failure_and_the_audit_goes_on():
+    report = audit("crash_on_top_k", settings={**T1, **K20})
+    assert report["exit_code"] == 1, report["line"]
+    assert report["line"].startswith("speclab audit: FAIL: fields") and "top_k" in report["line"]
+    checks = {c["check"]: c for c in report["checks"]}
+    assert checks["fields"]["status"] == "FAIL"
+    assert checks["laws"]["tested"] >= 1                              # the t1.0 cells still ran
+    assert any("top_k" in why for _, why in checks["laws"]["untested"])
+    assert status(report)["seeds"] == "pass" and status(report)["greedy"] == "pass"
+
+
+def test_a_server_that_dies_on_top_k_is_named_and_the_rest_not_passed():
+    report = audit("dies_on_top_k", settings={**T1, **K20})
+    assert report["exit_code"] == 1, report["line"]
+    assert "top_k" in report["line"]
+    assert "audited" in report["down"]
+    assert status(report)["laws"] == "not tested"
+    assert report["requests_sent"] < 900                              # the dead server's requests were not sent
+
+
+def test_a_refused_seed_cannot_pass():
+    report = audit("refuse_seed")
+    assert report["exit_code"] == 2, report["line"]
+    assert report["line"].startswith("speclab audit: could not judge")
+    assert status(report)["seeds"] == "not tested"
+    assert "seed" in report["line"]
+
+
+def test_a_point_mass_cell_is_not_tested_and_the_plan_said_so():
+    "At top-p 0.6 the fake law of 'with open(' is one text: a law test there cannot fail, so it must not pass."
+    lines = []
+    with fake_pair(None) as (url, reference_url):
+        plan = plan_audit(prompts=["with open("] + list(DEFAULT_PROMPTS[:11]), budget=900, concurrency=8,
+                          num_law_prompts=1, settings={"t0.8,p0.6": SETTINGS["t0.8,p0.6"]}, penalties={},
+                          num_seeds=8, concurrency_n=0)
+        report = run_audit(url, reference_url, plan, progress=False, on_power=lines.append)
+    assert report["exit_code"] == 2, report["line"]
+    assert status(report)["laws"] == "not tested"
+    assert "NO POWER PREDICTED" in lines[0] and "one bin" in lines[0]          # the plan, before the test's requests
+    assert "no degrees of freedom" in report["line"]
