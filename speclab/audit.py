@@ -84,8 +84,15 @@ class AuditPlan:
     greedy_prompts: list      # each sent once to the audited server, twice to the reference
     greedy_tokens: int
     seed: int = 0             # shuffles the order requests are sent in
-    pilot: int = 0            # reference draws per pilot key that fix the bins (0: bins pooled from the test's data)
+    pilot: int = 0            # reference draws per pilot key that predict each cell's pooling (0: no prediction)
     args: dict = field(default_factory=dict)     # plan_audit's arguments: the same plan at another budget
+
+    @property
+    def fields(self) -> set:
+        "The optional fields the plan sends (only these are probed): its cells', seed, and logprobs for penalties."
+        used = {f for c in self.cells for f in c.fields if f in OPTIONAL_FIELDS}
+        used |= {"seed"} if self.num_seeds and self.seed_prompts else set()
+        return used | ({"logprobs"} if any(c.check == "penalties" for c in self.cells) else set())
 
     @property
     def num_tests(self) -> int:
@@ -247,8 +254,8 @@ def plan_audit(prompts: Sequence[str] = DEFAULT_PROMPTS, budget: int = 12_000, l
                concurrency: int = 16, num_law_prompts: int = 3, max_tokens: int = 2, penalty_tokens: int = 4,
                num_seeds: int = 16, greedy_tokens: int = 16, concurrency_n: int = 120, seed: int = 0,
                settings: dict | None = None, penalties: dict | None = None, repeat_tokens: int = 24,
-               pilot: int = PILOT) -> AuditPlan:
-    "Spend `budget` requests: greedy, seeds and pilots first (small, fixed), then equal law cells; concurrency-1 capped."
+               pilot: int = PILOT, without: Sequence[str] = ()) -> AuditPlan:
+    "Spend `budget` requests: greedy, seeds and pilots first, then equal law cells; `without`: fields never sent."
     args = {k: v for k, v in locals().items() if k != "budget"}
     prompts = [p for p in prompts if isinstance(p, str) and p]
     if not prompts:
@@ -262,8 +269,14 @@ def plan_audit(prompts: Sequence[str] = DEFAULT_PROMPTS, budget: int = 12_000, l
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
     if not 0 < level < 1:
         raise ValueError(f"level must lie in (0, 1), got {level!r}")
+    unknown = sorted(set(without) - set(OPTIONAL_FIELDS))
+    if isinstance(without, str) or unknown:
+        raise ValueError(f"without must list optional fields ({', '.join(OPTIONAL_FIELDS)}), got {without!r}")
     settings = SETTINGS if settings is None else settings
     penalties = PENALTIES if penalties is None else penalties
+    settings = {k: f for k, f in settings.items() if not set(f) & set(without)}
+    penalties = {k: f for k, f in penalties.items() if not set(f) & set(without)}
+    num_seeds = 0 if "seed" in without else num_seeds
     law_prompts = prompts[:num_law_prompts]
     seed_prompts = prompts[:2] if num_seeds >= 2 else []
     greedy = list(prompts)
@@ -507,8 +520,9 @@ async def _crashed(client: httpx.AsyncClient, urls: dict, col: Collected, server
     if server not in col.down and not await alive(client, urls[server]):
         col.down[server] = f"it stopped answering after a request with {', '.join(fields)} failed ({error})"
 
-async def probe(client: httpx.AsyncClient, urls: dict, model: str, sender: Sender, col: Collected) -> None:
-    "One plain request to each server (a refusal or failure is fatal), then one per optional field (each noted)."
+async def probe(client: httpx.AsyncClient, urls: dict, model: str, sender: Sender, col: Collected,
+                fields: Sequence[str] | None = None) -> None:
+    "One plain request to each server (a refusal or failure is fatal), then one per optional field used (noted)."
     for server, url in urls.items():
         try:
             await sender.post(client, url, {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 1.0,
@@ -517,7 +531,7 @@ async def probe(client: httpx.AsyncClient, urls: dict, model: str, sender: Sende
             raise AuditError(f"the {server} server failed a plain request (model, prompt, max_tokens, temperature, "
                              f"top_p): {e}") from None
         for name, value in OPTIONAL_FIELDS.items():
-            if name in col.refused or server in col.down:
+            if name in col.refused or server in col.down or (fields is not None and name not in fields):
                 continue
             try:
                 await sender.post(client, url, {"model": model, "prompt": "Hello", "max_tokens": 1, name: value})
@@ -587,7 +601,7 @@ async def collect(urls: dict, plan: AuditPlan, model: str | None, sender: Sender
             raise AuditError(f"the servers serve different models ({col.models['audited']!r} and "
                              f"{col.models['reference']!r}); pass --model if both serve one model under that name")
         model = model or col.models["audited"]
-        await probe(client, urls, model, sender, col)
+        await probe(client, urls, model, sender, col, plan.fields)
         if plan.pilot:
             await _pilot(urls, plan, model, client, sender, col, progress)
             col.power = power_rows(plan, col.pilots)

@@ -670,7 +670,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
                 raise ValueError(f"{flag} must be an http:// or https:// URL, got {url!r}")
         prompts = DEFAULT_PROMPTS if args.prompts is None else read_prompts(args.prompts)
         plan = plan_audit(prompts, budget=args.budget, level=args.level, concurrency=args.concurrency,
-                          seed=args.seed)
+                          seed=args.seed, without=args.without or ())
     print(format_plan(plan), flush=True)
     report = run_audit(args.url, args.reference_url, plan, model=args.model, progress=not args.quiet,
                        on_power=lambda text: print(text, flush=True))
@@ -691,6 +691,9 @@ def _add_audit(sub):
                     help="probability that an exact pair fails the audit, all tests together (default 0.01)")
     au.add_argument("--concurrency", type=int, default=16, help="requests in flight per server (default 16)")
     au.add_argument("--seed", type=int, default=0, help="shuffles the order requests are sent in (default 0)")
+    au.add_argument("--without", action="append", metavar="FIELD", help="never send this optional field (repeatable: "
+                    "top_k, seed, frequency_penalty, presence_penalty, repetition_penalty, logprobs); what needs it is "
+                    "left out of the plan, e.g. to audit the rest of a server that crashes on it")
     au.add_argument("--out", help="write the JSON report here")
     au.add_argument("--html", help="write a self-contained HTML report here")
     au.add_argument("--quiet", action="store_true", help="no progress bar")
