@@ -350,6 +350,11 @@ def plan_rows(plan: AuditPlan) -> list[dict]:
         g = len(plan.greedy_prompts)
         rows.append(dict(check="greedy", what=f"{g} prompts at temperature 0, {plan.greedy_tokens} tokens: match rate "
                          "against the reference's own run-to-run rate", requests=3 * g, bound=rate_bound(g, lv)))
+    for r in rows:
+        if r["check"] in ("seeds", "greedy") and r["bound"] >= 1:
+            need = next(n for n in range(2, 10_000) if rate_bound(n, lv) < 1)
+            unit = "seed pairs (prompts x seeds)" if r["check"] == "seeds" else "prompts"
+            r["what"] += f"; no power: needs at least {need} {unit}"
     return rows
 
 def format_plan(plan: AuditPlan) -> str:

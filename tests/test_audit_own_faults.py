@@ -11,8 +11,8 @@ import math
 
 import pytest
 
-from speclab.audit import (DEFAULT_PROMPTS, SETTINGS, _chi_square, count_test, holm, plan_audit, run_audit,
-                           two_sample_test)
+from speclab.audit import (DEFAULT_PROMPTS, SETTINGS, _chi_square, count_test, format_plan, holm, plan_audit,
+                           run_audit, two_sample_test)
 from speclab.testing import SERVER_FAULTS, fake_pair
 
 T1 = {"t1.0": SETTINGS["t1.0"]}
@@ -112,3 +112,13 @@ def test_a_point_mass_cell_is_not_tested_and_the_plan_said_so():
     assert status(report)["laws"] == "not tested"
     assert "NO POWER PREDICTED" in lines[0] and "one bin" in lines[0]          # the plan, before the test's requests
     assert "no degrees of freedom" in report["line"]
+
+
+def test_the_plan_names_checks_without_power_and_what_would_give_it():
+    "Four prompts cannot give the greedy check power, nor three seeds the seeds check: the plan says so, up front."
+    text = format_plan(plan_audit(prompts=DEFAULT_PROMPTS[:4], budget=3000, num_seeds=3))
+    greedy = next(line for line in text.splitlines() if line.lstrip().startswith("greedy"))
+    seeds = next(line for line in text.splitlines() if line.lstrip().startswith("seeds"))
+    assert "none (not tested)" in greedy and "no power: needs at least" in greedy
+    assert "none (not tested)" in seeds and "seed pairs" in seeds
+    assert "none" not in next(line for line in text.splitlines() if line.lstrip().startswith("laws"))
