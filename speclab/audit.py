@@ -4,14 +4,15 @@
 
 # %% auto #0
 __all__ = ['AUDIT_POWER', 'MIN_COUNT', 'MAX_BINS', 'PILOT', 'DEFAULT_PROMPTS', 'SETTINGS', 'PENALTIES', 'OPTIONAL_FIELDS',
-           'REPEAT_WINDOW', 'REPEAT_BINS', 'RETRY_STATUS', 'SEED_TOKENS', 'SERVERS', 'CHECKS', 'Cell', 'AuditPlan',
-           'pool_outcomes', 'pilot_bins', 'TestResult', 'two_sample_test', 'repeat_count', 'text_units', 'count_edges',
-           'count_test', 'duplicate_pairs', 'rate_test', 'holm', 'plan_audit', 'two_sample_bound', 'rate_bound',
-           'plan_rows', 'format_plan', 'AuditError', 'Refused', 'Crashed', 'Sender', 'Collected', 'request_fields',
-           'fetch_model', 'alive', 'cell_body', 'needed_fields', 'probe', 'collect', 'cell_name', 'penalty_samples',
-           'not_sent', 'law_tests', 'repeat_tests', 'duplicate_tests', 'seed_tests', 'greedy_tests', 'field_tests',
-           'budget_for', 'power_rows', 'format_power', 'skipped_notes', 'summarise', 'analyse', 'verdict_line',
-           'run_audit', 'audit_figure', 'report_html', 'format_report', 'write_report', 'lab09_recording']
+           'REPEAT_WINDOW', 'REPEAT_BINS', 'RETRY_STATUS', 'SEED_TOKENS', 'SERVERS', 'PLAIN', 'CHECKS', 'Cell',
+           'AuditPlan', 'pool_outcomes', 'pilot_bins', 'TestResult', 'two_sample_test', 'repeat_count', 'text_units',
+           'count_edges', 'count_test', 'duplicate_pairs', 'rate_test', 'holm', 'plan_audit', 'two_sample_bound',
+           'rate_bound', 'plan_rows', 'format_plan', 'AuditError', 'Refused', 'Crashed', 'Sender', 'Collected',
+           'request_fields', 'fetch_model', 'alive', 'cell_body', 'needed_fields', 'probe', 'collect', 'cell_name',
+           'penalty_samples', 'not_sent', 'law_tests', 'repeat_tests', 'duplicate_tests', 'seed_tests', 'greedy_tests',
+           'field_tests', 'budget_for', 'power_rows', 'format_power', 'skipped_notes', 'summarise', 'analyse',
+           'verdict_line', 'run_audit', 'audit_figure', 'report_html', 'format_report', 'write_report',
+           'lab09_recording']
 
 # %% ../nbs/13_audit.ipynb #a662a706
 import asyncio
@@ -468,6 +469,7 @@ SEED_TOKENS = 8
 class Collected:
     "What the audit has received so far: kept, and analysed, even when the audit is interrupted."
     models: dict = field(default_factory=dict)      # server -> model id
+    model: str = ""                                 # the model name the requests send
     refused: dict = field(default_factory=dict)     # field -> "server: message"
     outcomes: dict = field(default_factory=dict)    # (cell index, server) -> texts in send order (None: not back);
                                                     # penalty cells: (text, tokens or None) pairs
@@ -501,10 +503,14 @@ async def fetch_model(client: httpx.AsyncClient, url: str, sender: Sender) -> st
         await asyncio.sleep(min(30.0, sender.backoff * 2 ** attempt))
     raise AuditError(f"{url} is unreachable ({last})")
 
-async def alive(client: httpx.AsyncClient, url: str) -> bool:
-    "Whether GET url/v1/models answers 200 within 10 s (asked once, after a request failed)."
-    try:
-        return (await client.get(f"{url}/v1/models", timeout=10.0)).status_code == 200
+PLAIN = {"prompt": "Hello", "max_tokens": 1, "temperature": 1.0, "top_p": 0.9}   # what every server must answer
+
+async def alive(client: httpx.AsyncClient, url: str, model: str, sender: Sender) -> bool:
+    "Whether a plain one-token request still gets a 200 within 30 s (asked once, after a request failed)."
+    sender.sent += 1
+    try:                                      # not /v1/models: an API server can list a model whose engine died
+        r = await client.post(f"{url}/v1/completions", json={"model": model, **PLAIN}, timeout=30.0)
+        return r.status_code == 200
     except httpx.TransportError:
         return False
 
@@ -519,10 +525,12 @@ def needed_fields(fields: dict) -> set:
 
 # %% ../nbs/13_audit.ipynb #8e2be225
 async def _crashed(client: httpx.AsyncClient, urls: dict, col: Collected, server: str, fields: tuple,
-                   error: Exception) -> None:
+                   error: Exception, sender: Sender) -> None:
     "File a failed request under its server and fields; a server that no longer answers is marked down."
+    if server in col.down:                    # failed because the server was already down: not the fields' fault
+        return
     col.crashes.setdefault((server, fields), []).append(str(error))
-    if server not in col.down and not await alive(client, urls[server]):
+    if not await alive(client, urls[server], col.model, sender):
         col.down[server] = f"it stopped answering after a request with {', '.join(fields)} failed ({error})"
 
 async def probe(client: httpx.AsyncClient, urls: dict, model: str, sender: Sender, col: Collected,
@@ -530,8 +538,7 @@ async def probe(client: httpx.AsyncClient, urls: dict, model: str, sender: Sende
     "One plain request to each server (a refusal or failure is fatal), then one per optional field used (noted)."
     for server, url in urls.items():
         try:
-            await sender.post(client, url, {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 1.0,
-                                            "top_p": 0.9})
+            await sender.post(client, url, {"model": model, **PLAIN})
         except (Refused, Crashed) as e:
             raise AuditError(f"the {server} server failed a plain request (model, prompt, max_tokens, temperature, "
                              f"top_p): {e}") from None
@@ -543,7 +550,7 @@ async def probe(client: httpx.AsyncClient, urls: dict, model: str, sender: Sende
             except Refused as e:
                 col.refused[name] = f"{server} server: {e.message}"
             except Crashed as e:
-                await _crashed(client, urls, col, server, (name,), e)
+                await _crashed(client, urls, col, server, (name,), e, sender)
 
 async def _jobs(jobs: list, urls: dict, limit: int, client: httpx.AsyncClient, sender: Sender,
                 progress: Any, col: Collected | None = None) -> None:
@@ -563,7 +570,7 @@ async def _jobs(jobs: list, urls: dict, limit: int, client: httpx.AsyncClient, s
                 except Crashed as e:                 # a failed field is a finding; the audit goes on without it
                     if col is None:
                         raise
-                    await _crashed(client, urls, col, server, key[1], e)
+                    await _crashed(client, urls, col, server, key[1], e, sender)
             progress.update(1)
     tasks = [asyncio.ensure_future(one(*j)) for j in jobs]
     try:
@@ -605,11 +612,11 @@ async def collect(urls: dict, plan: AuditPlan, model: str | None, sender: Sender
         if model is None and col.models["audited"] != col.models["reference"]:
             raise AuditError(f"the servers serve different models ({col.models['audited']!r} and "
                              f"{col.models['reference']!r}); pass --model if both serve one model under that name")
-        model = model or col.models["audited"]
+        model = col.model = model or col.models["audited"]
         await probe(client, urls, model, sender, col, plan.fields)
         if plan.pilot:
             await _pilot(urls, plan, model, client, sender, col, progress)
-            col.power = power_rows(plan, col.pilots)
+            col.power = power_rows(plan, col.pilots, col)
             if on_power is not None:
                 on_power(col.power)
         jobs, sequential, avoided = [], {s: [] for s in urls}, _avoided(col)
@@ -830,7 +837,7 @@ def budget_for(plan: AuditPlan, has_power: Callable[[AuditPlan], bool]) -> int |
             return budget
     return None
 
-def power_rows(plan: AuditPlan, pilots: dict) -> list[dict]:
+def power_rows(plan: AuditPlan, pilots: dict, col: Collected | None = None) -> list[dict]:
     "Per cell, from its pilot (pilot key -> reference answers): the bins its test will use and the TV it catches."
     rows, lv = [], plan.test_level
     for cell in plan.cells:
@@ -839,6 +846,8 @@ def power_rows(plan: AuditPlan, pilots: dict) -> list[dict]:
         row = dict(check=cell.check, name=cell_name(cell), n=cell.n, bins=len(labels), bound=1.0, reason="")
         if len(labels) >= 2:                     # the bound at MAX_BINS holds for any pooling up to MAX_BINS bins
             row["bound"] = two_sample_bound(cell.n, cell.n, MAX_BINS, lv)
+        elif col is not None and not_sent(col, cell.fields):
+            row["reason"] = f"not sent: {not_sent(col, cell.fields)}"
         elif not answers:
             row["reason"] = "no pilot answers came back"
         else:

@@ -89,6 +89,8 @@ def test_a_server_that_dies_on_top_k_is_named_and_the_rest_not_passed():
     assert "top_k" in report["line"]
     assert "audited" in report["down"]
     assert status(report)["laws"] == "not tested"
+    blamed = [t["name"].split(":")[0] for t in report["tests"] if t["check"] == "fields"]
+    assert blamed == ["top_k"], blamed                               # not the fields sent after the engine died
     assert report["requests_sent"] < 900                              # the dead server's requests were not sent
 
 
