@@ -1015,7 +1015,8 @@ def audit_figure(report: dict) -> Any:
         ys = [-np.log10(max(tests[i]["p_value"], 1e-300)) for i in xs]
         if xs:
             ax.bar(xs, ys, color=f"C{k}", label=check)
-    m = max(1, len(tests))
+    m = max(1, sum(1 for t in tests if not t["reason"] and t["check"] != "fields"))     # Holm's m: tested only
+    ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
     ax.axhline(-np.log10(report["level"] / m), color="k", ls="--", lw=1, label=f"level / {m} (Holm's first step)")
     ax.set_xlabel("test (one per cell or comparison; not tested: no bar)")
     ax.set_ylabel("-log10 p-value (before correction)")
