@@ -54,9 +54,11 @@ def main(argv=None):
                           num_seeds=4, seed=1000 + k)
         with audit_pair(seed=100 + 2 * k) as (url, reference_url, _):
             report = run_audit(url, reference_url, plan, progress=False)
-        if report["exit_code"] == 2:
+        if report["exit_code"] == 2 and report["requests_sent"] == 0:
             raise SystemExit(f"audit {k} could not run: {report['line']}")
-        tests = report["tests"]
+        tests = [t for t in report["tests"] if not t["reason"]]      # a test without power is no false alarm
+        if len(tests) < len(report["tests"]):
+            print(f"audit {k}: {len(report['tests']) - len(tests)} test(s) not tested: {report['line']}", flush=True)
         rows.append(dict(audit=k, min_adjusted=min(t["adjusted"] for t in tests),
                          p_values={f"{t['check']}: {t['name']}": t["p_value"] for t in tests}))
         print(f"audit {k}: {len(tests)} tests, smallest raw p {min(t['p_value'] for t in tests):.3g}, smallest "
