@@ -43,9 +43,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vllm_env  # noqa: E402
-from speclab.remote import scrape, served_model  # noqa: E402
+from speclab.remote import served_model  # noqa: E402
 from speclab.sweep import sweep_prompts  # noqa: E402
-from speclab.vllm_io import metrics_delta  # noqa: E402
+from speclab.vllm_io import metrics_delta, parse_prometheus  # noqa: E402
 
 DRAFTERS = ("plain", "draft_model", "ngram", "eagle3")
 ENGINES = ("speclab", "vllm")
@@ -139,11 +139,10 @@ def median_ms(values: list) -> float:
 
 
 def try_scrape(client: httpx.Client, url: str):
-    "The server's cumulative spec-decode counters, or None where it exports none (a plain server)."
-    try:
-        return scrape(client, url)
-    except ValueError:
-        return None
+    "The server's cumulative spec-decode counters (`parse_prometheus`), or None where it exports none (plain)."
+    r = client.get(f"{url}/metrics")
+    r.raise_for_status()
+    return parse_prometheus(r.text) if "vllm:spec_decode_num_drafts" in r.text else None
 
 
 def acceptance(after, before) -> dict:

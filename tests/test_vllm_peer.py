@@ -88,27 +88,27 @@ def vllm_draft(vllm_python, tmp_path_factory):
 
 def greedy(url: str, prompts: list) -> tuple[list[str], object]:
     "Each prompt's greedy text (one request at a time, ignore_eos) and the server's spec counters over them."
-    from speclab.remote import scrape, served_model
+    from speclab.remote import served_model
     from speclab.vllm_io import metrics_delta
     with httpx.Client(timeout=300) as client:
         model = served_model(client, url)
-        before = spec_counters(client, url, scrape)
+        before = spec_counters(client, url)
         texts = []
         for prompt in prompts:
             body = dict(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
             r = client.post(f"{url}/v1/completions", json=body)
             assert r.status_code == 200, r.text[:500]
             texts.append(r.json()["choices"][0]["text"])
-        after = spec_counters(client, url, scrape)
+        after = spec_counters(client, url)
     return texts, (metrics_delta(after, before) if after is not None else None)
 
 
-def spec_counters(client: httpx.Client, url: str, scrape):
-    "The server's cumulative spec-decode counters, None for a server that exports none (plain decoding)."
-    try:
-        return scrape(client, url)
-    except ValueError:
-        return None
+def spec_counters(client: httpx.Client, url: str):
+    "The server's cumulative spec-decode counters (`parse_prometheus`), None where it exports none (plain decoding)."
+    from speclab.vllm_io import parse_prometheus
+    r = client.get(f"{url}/metrics")
+    assert r.status_code == 200, r.text[:500]
+    return parse_prometheus(r.text) if "vllm:spec_decode_num_drafts" in r.text else None
 
 
 @pytest.fixture(scope="module")
