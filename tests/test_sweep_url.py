@@ -6,22 +6,25 @@ scrapes give must equal the in-process engine's exactly (drafts, draft tokens, a
 per-draft histogram), and so must E and alpha-hat. Each server is a real `speclab serve` subprocess on 127.0.0.1
 (`speclab.testing.serve_process`); every wait is bounded.
 """
+import json
 import math
 import socket
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import httpx
 import pytest
 
-from speclab.remote import scrape, sweep_url
+from speclab.remote import base_url, scrape, sweep_url
 from speclab.sweep import sweep, sweep_prompts
 from speclab.cli import _sweep_table
 from speclab.engine import ModelDrafter
 from speclab.model import load_model, load_tokenizer
 from speclab.testing import serve_process
 from speclab.train import tiny_pair_path
+from speclab.vllm_io import metrics_delta, parse_prometheus
 
 pytestmark = pytest.mark.xdist_group("sweep_url")   # one worker: its module fixtures are built once
 
@@ -111,3 +114,71 @@ def test_cli_sweep_url_errors_are_one_line():
     r = subprocess.run([str(SPECLAB), "sweep", "--url", "http://127.0.0.1:9", "--synthetic"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and "--synthetic" in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Real vLLM 0.32 /metrics text (tests/data, recorded for Chapter 9d), served by an httpx.MockTransport: no server
+# ---------------------------------------------------------------------------------------------------------------------
+
+DATA = Path(__file__).resolve().parent / "data"
+VLLM_MODEL = "/work/main/speclab/data/tiny-pair/target"          # the id the recorded vLLM server listed
+
+
+def fake_vllm(scrapes: list, seen: list) -> httpx.MockTransport:
+    "A vLLM stand-in: /v1/models, /metrics answering `scrapes` in turn (the last one repeats), canned completions."
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(f"{request.method} {request.url.path}")
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": [{"id": VLLM_MODEL, "object": "model"}]})
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=scrapes[min(seen.count("GET /metrics"), len(scrapes)) - 1])
+        if request.url.path == "/v1/completions":
+            body = json.loads(request.content)
+            assert body["model"] == VLLM_MODEL and body["temperature"] == 0.0 and body["ignore_eos"] is True
+            return httpx.Response(200, json={"choices": [{"text": "x" * body["max_tokens"]}],
+                                             "usage": {"completion_tokens": body["max_tokens"]}})
+        return httpx.Response(404, json={"detail": "Not Found"})
+    return httpx.MockTransport(handle)
+
+
+def through(monkeypatch, transport: httpx.MockTransport) -> None:
+    "Every httpx.Client the sweep opens talks to `transport`."
+    monkeypatch.setattr(httpx, "Client", partial(httpx.Client, transport=transport))
+
+
+def test_scrape_of_a_plain_vllm_names_the_server():
+    "A plain vLLM's real /metrics has no spec-decode counters: the error names the URL it scraped."
+    plain = (DATA / "vllm_0.32_metrics_plain.txt").read_text()
+    client = httpx.Client(transport=fake_vllm([plain], []))
+    with pytest.raises(RuntimeError, match=r"GET http://vllm:8000/metrics: no vllm:spec_decode_\* counter"):
+        scrape(client, "http://vllm:8000")
+
+
+def test_url_sweep_refuses_a_plain_vllm_before_any_request(monkeypatch):
+    "--url given a plain server (or the two URLs swapped): one scrape, then the error; no completion is sent."
+    seen = []
+    through(monkeypatch, fake_vllm([(DATA / "vllm_0.32_metrics_plain.txt").read_text()], seen))
+    with pytest.raises(RuntimeError, match="http://vllm:8000/metrics"):
+        sweep_url("http://vllm:8000", [1], 0.0, 4, 1, baseline_url="http://plain:8001", repeats=1, progress=False)
+    assert seen == ["GET /metrics"]
+
+
+def test_url_sweep_reads_real_vllm_counters(monkeypatch):
+    "A point's window is the difference of two real scrapes, whatever else the scrapes hold; /v1 in --url is dropped."
+    fresh, after = (DATA / "vllm_0.32_metrics_fresh.txt").read_text(), (DATA / "vllm_0.32_metrics.txt").read_text()
+    seen = []
+    through(monkeypatch, fake_vllm([fresh, fresh, after], seen))      # the check, then before and after the point
+    (row,) = sweep_url("http://vllm:8000/v1/", [1], 0.0, 4, 1, repeats=1, progress=False)
+    assert row["url"] == "http://vllm:8000" and seen.count("GET /metrics") == 3
+    assert row["metrics"] == metrics_delta(parse_prometheus(after), parse_prometheus(fresh))
+    assert row["kappa"] == 3 and row["E"] == 1 + 4327 / 2885 and row["r"] == [1989 / 2885, 1386 / 2885, 952 / 2885]
+    assert math.isfinite(row["alpha_hat"]) and math.isnan(row["speedup"])
+
+
+def test_base_url():
+    assert base_url("http://localhost:8000/v1/") == "http://localhost:8000"
+    assert base_url("http://localhost:8000//") == "http://localhost:8000"
+    assert base_url("https://host/vllm/v1") == "https://host/vllm"
+    assert base_url("https://host/v1x") == "https://host/v1x"
+    with pytest.raises(ValueError, match="baseline_url must be an http"):
+        base_url("localhost:8000", "baseline_url")
