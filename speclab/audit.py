@@ -366,9 +366,10 @@ def format_plan(plan: AuditPlan) -> str:
     for r in plan_rows(plan):
         bound = "" if math.isnan(r["bound"]) else "none (not tested)" if r["bound"] >= 1 else f"{r['bound']:.3f}"
         lines.append(f"  {r['check']:<12} {r['requests']:>9,}  {bound:>19}  {r['what']}")
-    lines.append(f"  (law bounds: between the binned laws, for any pooling up to {MAX_BINS} bins per cell; rare outcomes "
-                 f"pooled into their longest prefix seen >= {MIN_COUNT} times, and a cell pooled into one bin is not "
-                 f"tested; repeats bound: between one penalty cell's binned repeat counts, 0 to >= {REPEAT_BINS - 1})")
+    lines.append(f"  (law bounds: between the binned laws, for any pooling up to {MAX_BINS} bins per cell; rare "
+                 f"outcomes pooled into their longest prefix seen >= {MIN_COUNT} times, and a cell pooled into one bin "
+                 f"is not tested; repeats bound: between one penalty cell's binned repeat counts, 0 to >= "
+                 f"{REPEAT_BINS - 1})")
     return "\n".join(lines)
 
 # %% ../nbs/13_audit.ipynb #eb463cf1
