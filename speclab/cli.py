@@ -230,7 +230,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 # %% ../nbs/90_cli.ipynb #c1d2a7f0
 METHODS = ("draft_model", "ngram", "eagle", "eagle3")      # vLLM's names for how to draft
-SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max")
+SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
 
 def speculative_config(text: str) -> dict:
     "argparse type for vLLM's `--speculative-config` JSON: the keys speclab implements, checked; any other refused."
@@ -251,6 +251,9 @@ def speculative_config(text: str) -> dict:
         value = config.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise argparse.ArgumentTypeError(f"{key} must be an int >= 1, got {value!r}")
+    if config.get("prompt_lookup_min", 1) != 1:         # vLLM's default is prompt_lookup_max: say what speclab does
+        raise argparse.ArgumentTypeError(f"prompt_lookup_min must be 1: speclab looks n-grams up from "
+                                         f"prompt_lookup_max down to 1, got {config['prompt_lookup_min']!r}")
     if "model" in config and not isinstance(config["model"], str):
         raise argparse.ArgumentTypeError(f"model must be a folder or a shipped name, got {config['model']!r}")
     return config

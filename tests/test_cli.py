@@ -136,6 +136,8 @@ MISTAKES = [
     ([*GEN, "--speculative-config", '{"method": "eagle3"}', "--draft", "tiny"],
      ["--speculative-config already says how to draft: drop --draft"]),
     ([*GEN, "--speculative-config", '{"method": "ngram"}'], ["method ngram needs 'prompt_lookup_max' in"]),
+    ([*GEN, "--speculative-config", '{"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 3}'],
+     ["prompt_lookup_min must be 1: speclab looks n-grams up from prompt_lookup_max down to 1, got 3"]),
     ([*GEN, "--speculative-config", '{"method": "ngram", "prompt_lookup_max": 2, "model": "tiny"}'],
      ["method ngram drafts by prompt lookup: drop 'model' in --speculative-config"]),
     ([*GEN, "--kappa", "2", "--speculative-config", '{"num_speculative_tokens": 3}'],
@@ -228,21 +230,24 @@ def test_shipped_pair_by_name():
 def test_every_way_to_ask_for_a_drafter_means_the_same_one():
     """vLLM's words and speclab's for the same drafter give the same engine: greedy through the shipped EAGLE head by
     --draft eagle, --method eagle and --speculative-config (method eagle3) emits the same tokens with the same
-    acceptance, and they are plain greedy decoding's (the draft model's run); --method ngram is --ngram. The demo runs
-    with the head (its greedy check holds). One child process for all seven."""
+    acceptance, and they are plain greedy decoding's (the draft model's run); --method ngram and vLLM's whole n-gram
+    JSON (prompt_lookup_min 1) are --ngram. The demo runs with the head (its greedy check holds). One child process
+    for all eight."""
     short = ["generate", "--target", "tiny", "--temperature", "0", "--max-tokens", "16", "--json",
              "--prompt", "def add(a, b):\\n    return", "--prompt", "class Stack:\\n    def push(self"]
     runs = speclab_runs([*short, "--draft", "eagle"], [*short, "--method", "eagle"],
                         [*short, "--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 3}'],
                         [*short, "--draft", "tiny"], [*short, "--ngram", "2"],
                         [*short, "--method", "ngram", "--ngram", "2"],
-                        ["demo", "--method", "eagle", "--repeats", "1", "--max-tokens", "12", "--threads", "1"])
+                        ["demo", "--method", "eagle", "--repeats", "1", "--max-tokens", "12", "--threads", "1"],
+                        [*short, "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, '
+                         '"prompt_lookup_min": 1, "prompt_lookup_max": 2}'])          # vLLM's whole n-gram JSON
     assert all(status == 0 for status, _, _ in runs), [err[-2000:] for _, _, err in runs]
-    got = [json.loads(out) for _, out, _ in runs[:6]]
+    got = [json.loads(out) for _, out, _ in runs[:6]] + [json.loads(runs[7][1])]
     tokens = [[o["token_ids"] for o in g["outputs"]] for g in got]
-    assert tokens[0] == tokens[1] == tokens[2] == tokens[3] == tokens[4] == tokens[5]
+    assert tokens[0] == tokens[1] == tokens[2] == tokens[3] == tokens[4] == tokens[5] == tokens[6]
     assert got[0]["metrics"] == got[1]["metrics"] == got[2]["metrics"]
-    assert got[4]["metrics"] == got[5]["metrics"]
+    assert got[4]["metrics"] == got[5]["metrics"] == got[6]["metrics"]
     assert got[0]["metrics"] != got[3]["metrics"]           # the head, not the draft model, drafted
     assert "EAGLE head" in runs[6][1] and "greedy outputs identical to plain decoding: yes" in runs[6][1]
 
