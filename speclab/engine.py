@@ -57,7 +57,6 @@ class SamplingParams:
                                       # generated tokens end with its others (vLLM's; the server tokenizes strings)
 
     def __post_init__(self) -> None:
-        check_processor_fields(self)
         if isinstance(self.stop, str):
             self.stop = (self.stop,)
         self.stop = tuple(self.stop)
@@ -81,6 +80,7 @@ class SamplingParams:
             raise ValueError(f"stop must hold non-empty strings, got {self.stop!r}")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be token ids >= 0, got {self.stop_token_ids!r}")
+        check_processor_fields(self)      # last: min_tokens is checked against a max_tokens already known to be valid
 
     @property
     def greedy(self) -> bool:
@@ -844,6 +844,9 @@ def prompt_ids(engine: SpecDecoder, prompt: str | list[int], params: SamplingPar
         raise ValueError("prompt must hold at least one token")
     if min(ids) < 0 or max(ids) >= V:
         raise ValueError(f"prompt token ids must lie in [0, {V})")
+    if params.max_tokens >= engine.context:     # no prompt fits: the fault is max_tokens's, whatever the prompt
+        raise ValueError(f"max_tokens ({params.max_tokens}) exceeds the context of {engine.context} positions: no "
+                         "room for a prompt")
     if len(ids) + params.max_tokens > engine.context:
         raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
                          f"of {engine.context} positions")

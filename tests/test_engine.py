@@ -469,12 +469,27 @@ def test_bad_sampling_params_raise(field, value):
     with pytest.raises(ValueError, match=field): SamplingParams(**{field: value})
 
 
+def test_errors_name_the_field_at_fault():
+    """Issue 39: a negative max_tokens with min_tokens set was blamed on min_tokens (the processor fields were checked
+    first, against an invalid max_tokens), and a max_tokens past the whole context on the prompt. The first word of
+    the message is the field the server's 400 names (speclab.serve.error_param)."""
+    from speclab.serve import error_param
+    with pytest.raises(ValueError) as bad:
+        SamplingParams(max_tokens=-5, min_tokens=3)
+    assert error_param(str(bad.value)) == "max_tokens"
+    with pytest.raises(ValueError) as bad:
+        SamplingParams(max_tokens=2, min_tokens=3)
+    assert error_param(str(bad.value)) == "min_tokens"
+
+
 def test_bad_seed_type_raises():
     with pytest.raises(TypeError, match="seed"): SamplingParams(seed="1")
 
 
 BAD_REQUESTS = [([], SamplingParams(max_tokens=8), "at least one token"),
                 ([1] * 60, SamplingParams(max_tokens=10), "exceeds the context of 64"),
+                ([1], SamplingParams(max_tokens=64),
+                 r"ValueError: max_tokens \(64\) exceeds the context of 64 positions: no room for a prompt"),
                 ([1, V, 2], SamplingParams(max_tokens=8), r"\[0, 8\)"),
                 ([1, -1], SamplingParams(max_tokens=8), r"\[0, 8\)"),
                 ([1, 2], SamplingParams(max_tokens=8, stop_token_ids=(V,)), "stop_token_ids"),

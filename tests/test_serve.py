@@ -193,6 +193,8 @@ def test_metrics_equal_the_engine(client, reference):
     ({"prompt": "x " * 600}, 400, "prompt", "invalid_request_error"),
     ({"prompt": [10 ** 9]}, 400, "prompt", "invalid_request_error"),
     ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "invalid_request_error"),
+    ({"prompt": "x", "max_tokens": -5, "min_tokens": 3}, 400, "max_tokens", "invalid_request_error"),   # issue 39
+    ({"prompt": "x", "max_tokens": 10 ** 20}, 400, "max_tokens", "invalid_request_error"),              # not prompt
     ({"prompt": "x", "top_p": 0}, 400, "top_p", "invalid_request_error"),
     ({"prompt": "x", "stop": 3}, 400, "stop", "invalid_request_error"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options", "invalid_request_error"),
