@@ -682,17 +682,23 @@ def _untested(check: str, name: str, reason: str, n: tuple = (0, 0)) -> TestResu
     "A planned test that did not run, and why: never a pass."
     return TestResult(check, name, math.nan, math.nan, 0, n, 1.0, [], math.nan, reason=reason)
 
-def _why(a: list, b: list, p_value: float, bound: float, down: dict | None = None) -> str:
-    "Why a computed test has no power ('' when it has)."
-    down = down or {}
-    if not a or not b:
-        server = "audited" if not a else "reference"
-        return f"no answers from the {server} server" + (f": {down[server]}" if server in down else "")
+def _no_answers(n_a: int, n_b: int, down: dict) -> str:
+    "Why a test has no data: the server that sent no answers (and why it stopped, if it did); '' when both did."
+    if n_a and n_b:
+        return ""
+    server = "audited" if not n_a else "reference"
+    return f"no answers from the {server} server" + (f": {down[server]}" if server in down else "")
+
+def _why(n_a: int, n_b: int, p_value: float, bound: float, down: dict | None = None) -> str:
+    "Why a test on n_a and n_b answers has no power ('' when it has)."
+    if not n_a or not n_b:
+        return _no_answers(n_a, n_b, down or {})
     if math.isnan(p_value):
         return "every answer of both servers fell into one bin: the statistic has no degrees of freedom"
     return "" if bound < 1 else "too few answers to catch any bias with probability 0.99"
 
-def _cell_body_fields(plan: AuditPlan, cell: Cell, col: Collected) -> tuple:
+def _cell_body_fields(cell: Cell, col: Collected) -> tuple:
+    "The fields a cell's requests set, as request_fields names them (logprobs on penalty cells unless refused)."
     tokens = cell.check == "penalties" and "logprobs" not in col.refused
     return request_fields(cell_body(cell, "m", tokens))
 
@@ -701,7 +707,7 @@ def law_tests(plan: AuditPlan, col: Collected) -> list[TestResult]:
     out, lv = [], plan.test_level
     for i, cell in enumerate(plan.cells):
         a, b = _done(col.outcomes.get((i, "audited"))), _done(col.outcomes.get((i, "reference")))
-        skipped = not_sent(col, cell.fields, _cell_body_fields(plan, cell, col)) or _why(a, b, 0.0, 0.0, col.down)
+        skipped = not_sent(col, cell.fields, _cell_body_fields(cell, col)) or _no_answers(len(a), len(b), col.down)
         if skipped:
             out.append(_untested(cell.check, cell_name(cell), skipped, (len(a), len(b))))
             continue
@@ -709,7 +715,7 @@ def law_tests(plan: AuditPlan, col: Collected) -> list[TestResult]:
             a, b, *_ = penalty_samples(cell, a, b)
         statistic, p_value, df, rows = two_sample_test(a, b)
         bound = two_sample_bound(len(a), len(b), max(2, df + 1), lv)
-        reason = _why(a, b, p_value, bound, col.down)
+        reason = _why(len(a), len(b), p_value, bound, col.down)
         row = next((r for r in col.power if r["name"] == cell_name(cell) and r["check"] == cell.check), None)
         if df == 0 and row and row["reason"]:       # the pilot saw it coming: say what budget would do
             reason = f"{reason}; the pilot predicted it: {row['reason']}"
@@ -723,7 +729,7 @@ def _rate_result(check: str, name: str, x_a: int, n_a: int, x_b: int, n_b: int, 
     diff = (x_a / n_a if n_a else 0.0) - (x_b / n_b if n_b else 0.0)
     rows = [(labels[0], x_a, x_b), (labels[1], n_a - x_a, n_b - x_b)]
     p_value = rate_test(x_a, n_a, x_b, n_b, alternative)
-    reason = _why([1] * n_a, [1] * n_b, p_value, bound)
+    reason = _why(n_a, n_b, p_value, bound)
     return TestResult(check, name, diff, p_value, 1, (n_a, n_b), bound, rows, reason=reason)
 
 def repeat_tests(plan: AuditPlan, col: Collected) -> list[TestResult]:
@@ -731,8 +737,7 @@ def repeat_tests(plan: AuditPlan, col: Collected) -> list[TestResult]:
     parts, planned = [], [c for c in plan.cells if c.check == "penalties"]
     for i, cell in enumerate(plan.cells):
         a, b = _done(col.outcomes.get((i, "audited"))), _done(col.outcomes.get((i, "reference")))
-        if cell.check == "penalties" and a and b and not not_sent(col, cell.fields, _cell_body_fields(plan, cell,
-                                                                                                          col)):
+        if cell.check == "penalties" and a and b and not not_sent(col, cell.fields, _cell_body_fields(cell, col)):
             *_, ra, rb, unit = penalty_samples(cell, a, b)
             parts.append((cell, unit, (len(ra), len(rb)), *count_test(ra, rb)))
     if not planned:
@@ -743,7 +748,7 @@ def repeat_tests(plan: AuditPlan, col: Collected) -> list[TestResult]:
         row = next((r for r in col.power if r["check"] == "repeats"), None)
         i, cell = next((i, c) for i, c in enumerate(plan.cells) if c.check == "penalties")
         a, b = _done(col.outcomes.get((i, "audited"))), _done(col.outcomes.get((i, "reference")))
-        why = (not_sent(col, cell.fields, _cell_body_fields(plan, cell, col)) or _why(a, b, 0.0, 0.0, col.down) or
+        why = (not_sent(col, cell.fields, _cell_body_fields(cell, col)) or _no_answers(len(a), len(b), col.down) or
                (row["reason"] if row and row["reason"] else "every penalty cell's repeat counts fell into one bin"))
         return [_untested("repeats", name, why)]
     statistic, df = sum(p[3] for p in parts), sum(p[5] for p in parts)
