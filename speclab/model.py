@@ -732,19 +732,23 @@ from collections.abc import Collection, Sequence
 
 class Detokenizer:
     "One request's output text, decoded incrementally (vLLM's offsets), with stop strings found as the text grows."
-    def __init__(self, tokenizer: Any, stop: Sequence[str] = (), skip_ids: Collection[int] = ()):
+    def __init__(self, tokenizer: Any, stop: Sequence[str] = (), skip_ids: Collection[int] = (),
+                 skip_special_tokens: bool = True):
         if isinstance(stop, str) or not all(isinstance(s, str) for s in stop):
             raise TypeError(f"stop must be a sequence of strings, got {stop!r}")
         if not all(stop):
             raise ValueError("stop strings must not be empty")
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in skip_ids):
             raise TypeError(f"skip_ids must be token ids (ints), got {skip_ids!r}")
+        if not isinstance(skip_special_tokens, bool):
+            raise TypeError(f"skip_special_tokens must be True or False, got {skip_special_tokens!r}")
+        special = getattr(tokenizer, "all_special_ids", ()) if skip_special_tokens else ()
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
-        self.skip_ids = frozenset(skip_ids)
+        self.skip_ids = frozenset(skip_ids) | frozenset(special)   # never in the text (vLLM's skip_special_tokens)
         self.stopped = False             # a stop string appeared: text is cut before it, push refuses more tokens
         self.finished = False            # finish() was called: all of text is visible
-        self.ids = []                    # the ids decoded so far, skip_ids dropped
+        self.ids = []                    # the ids decoded so far, skip_ids (and special tokens, if skipped) dropped
         self.prefix_offset = 0           # ids[prefix_offset:read_offset] are the context the new tokens decode in
         self.read_offset = 0             # ids[:read_offset] decode to the confirmed text
         self.prefix_text = ""            # the decode of ids[prefix_offset:read_offset] on their own

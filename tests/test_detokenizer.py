@@ -1,6 +1,7 @@
 """speclab.model.Detokenizer against full decodes: the shipped byte-level BPE tokenizer over random ids (pieces of
 multi-byte characters, the end-of-text token), a SentencePiece-style tokenizer (leading space stripped, byte fallback)
-built here offline, and a tokenizer that changes text already read; the window each decode sees, and bad input."""
+built here offline, and a tokenizer that changes text already read; special tokens skipped (vLLM's default) or kept;
+the window each decode sees, and bad input."""
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -34,6 +35,7 @@ class CleanUp:
     "A tokenizer whose decode changes text already read: ' .' becomes '.' once the '.' arrives."
     def __init__(self, tok):
         self.tok = tok
+        self.all_special_ids = tok.all_special_ids
 
     def decode(self, ids):
         return self.tok.decode(ids).replace(" .", ".")
@@ -44,6 +46,7 @@ class Recording:
     def __init__(self, tok):
         self.tok = tok
         self.sizes = []
+        self.all_special_ids = tok.all_special_ids
 
     def decode(self, ids):
         self.sizes.append(len(ids))
@@ -59,23 +62,27 @@ def full_text(tok, ids, stop, skip_ids) -> str:
 
 @st.composite
 def cases(draw, tok, vocab, split, eos):
-    "Random ids (a third of them pieces of characters), stop strings cut from their own text or made up, skip_ids."
+    """Random ids (a third of them pieces of characters), stop strings cut from their own text or made up, skip_ids,
+    and whether special tokens are skipped (the ids the text drops are then skip_ids and the special ids)."""
     ids = draw(st.lists(st.one_of(st.sampled_from(split), st.sampled_from(split), st.integers(0, vocab - 1),
                                   st.just(eos)), max_size=40))
     skip = draw(st.sampled_from([(), (eos,)]))
-    text = tok.decode([t for t in ids if t not in skip])
+    skip_special = draw(st.booleans())
+    dropped = set(skip) | (set(tok.all_special_ids) if skip_special else set())
+    text = tok.decode([t for t in ids if t not in dropped])
     made_up = st.text(alphabet="ab .日é\ufffd<", min_size=1, max_size=3)
     if text:
         cut = st.tuples(st.integers(0, len(text) - 1), st.integers(1, 4)).map(lambda a: text[a[0]:a[0] + a[1]])
         made_up = st.one_of(cut, cut, made_up)
     stop = draw(st.lists(made_up, max_size=3))
-    return ids, stop, skip
+    return ids, stop, skip, skip_special
 
 
-def check_law(tok, ids, stop, skip, stable=True):
+def check_law(tok, ids, stop, skip, stable=True, skip_special=True):
     """push says True at the first token whose full decode holds a stop; text is the cut decode; the stream never
     retracts. stable: the tokenizer's decode never changes text that ended in a whole character (byte-level BPE)."""
-    d = Detokenizer(tok, stop, skip)
+    d = Detokenizer(tok, stop, skip, skip_special_tokens=skip_special)
+    skip = set(skip) | (set(tok.all_special_ids) if skip_special else set())   # what the reference decode drops
     shown = ""
     taken = ""
     n = len(ids)
@@ -106,8 +113,8 @@ def check_law(tok, ids, stop, skip, stable=True):
 
 @given(cases(TOK, len(TOK), SPLIT, EOS))
 def test_shipped_tokenizer_matches_full_decode(case):
-    ids, stop, skip = case
-    check_law(TOK, ids, stop, skip)
+    ids, stop, skip, skip_special = case
+    check_law(TOK, ids, stop, skip, skip_special=skip_special)
 
 
 SP_SPLIT = [SP.convert_tokens_to_ids(f"<0x{b:02X}>") for b in (0xE6, 0x97, 0xA5, 0xC3, 0xA9, 0x80)]
@@ -115,14 +122,14 @@ SP_SPLIT = [SP.convert_tokens_to_ids(f"<0x{b:02X}>") for b in (0xE6, 0x97, 0xA5,
 
 @given(cases(SP, len(SP), SP_SPLIT, SP.eos_token_id))
 def test_sentencepiece_style_tokenizer_matches_full_decode(case):
-    ids, stop, skip = case
-    check_law(SP, ids, stop, skip, stable=False)
+    ids, stop, skip, skip_special = case
+    check_law(SP, ids, stop, skip, stable=False, skip_special=skip_special)
 
 
 @given(cases(TOK, len(TOK), SPLIT + TOK(" . .")["input_ids"], EOS))
 def test_text_stays_exact_when_decode_changes_text_already_read(case):
-    ids, stop, skip = case
-    check_law(CleanUp(TOK), ids, stop, skip, stable=False)
+    ids, stop, skip, skip_special = case
+    check_law(CleanUp(TOK), ids, stop, skip, stable=False, skip_special=skip_special)
 
 
 LETTERS = [TOK.convert_tokens_to_ids(c) for c in "ab"]   # one-character tokens: stops span many tokens
@@ -132,6 +139,28 @@ LETTERS = [TOK.convert_tokens_to_ids(c) for c in "ab"]   # one-character tokens:
 def test_stop_strings_spanning_tokens(ids, stop):
     "Stops over a two-letter alphabet, one letter a token: every hold and every cut falls between tokens."
     check_law(TOK, ids, stop, ())
+
+
+def test_special_tokens_are_skipped_by_default():
+    """Issue 39: an EOS that does not end the request (ignore_eos, a logit_bias forcing it) is not in the text unless
+    skip_special_tokens is False (vLLM's default is True); a stop string is found across a skipped token, and the
+    streamed pieces add up to the text either way."""
+    ab = TOK("ab")["input_ids"]
+    assert len(ab) == 1
+    for skip_special, want in [(True, "ab" * 20), (False, ("ab" + TOK.eos_token) * 20)]:
+        d = Detokenizer(TOK, skip_special_tokens=skip_special)
+        taken = ""
+        for t in (ab + [EOS]) * 20:
+            assert d.push(t) is False
+            taken += d.take()
+        d.finish()
+        taken += d.take()
+        assert (d.text, taken) == (want, want)
+    assert Detokenizer(TOK).skip_ids == {EOS}                            # the tokenizer's all_special_ids
+    for skip_special, pushed in [(True, [False, False, True]), (False, [False, False, False])]:   # "ab" is a token
+        d = Detokenizer(TOK, stop=["ba"], skip_special_tokens=skip_special)
+        assert [d.push(t) for t in ab + [EOS] + ab] == pushed
+        assert d.text == ("a" if skip_special else "ab" + TOK.eos_token + "ab")        # cut before "ba"
 
 
 def test_sentencepiece_leading_space_and_bytes():
@@ -174,6 +203,8 @@ def test_bad_input():
         Detokenizer(TOK, stop=["a", ""])
     with pytest.raises(TypeError, match="skip_ids must be token ids"):
         Detokenizer(TOK, skip_ids=[True])
+    with pytest.raises(TypeError, match="skip_special_tokens must be True or False"):
+        Detokenizer(TOK, skip_special_tokens=1)
     d = Detokenizer(TOK)
     with pytest.raises(TypeError, match="token_id must be an int"):
         d.push("1")
