@@ -759,7 +759,7 @@ SETUP_SH = r"""#!/usr/bin/env bash
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 venv=/autograder/speclab-venv
-# the course's pin of torch (settings.ini), and the Python that constraints.txt was frozen on
+# the torch speclab ran with where this bundle was made, and the Python that constraints.txt was frozen on
 torch_pin='@TORCH_PIN@'
 frozen_on='@PYTHON@'
 cpu_index=https://download.pytorch.org/whl/cpu
@@ -826,17 +826,12 @@ exec env OMP_NUM_THREADS=1 /autograder/speclab-venv/bin/speclab grade "$submissi
 # %% ../nbs/10_grading.ipynb #e0b5a6b4
 BUNDLE = ("setup.sh", "run_autograder", "constraints.txt", "wheels", "lab", "autograder.zip")
 
-def _course_pin(wheel: Path, name: str) -> str:
-    "The `name==version` requirement in the wheel's metadata (setup.sh installs it first, from its own index)."
-    import zipfile
-    with zipfile.ZipFile(wheel) as z:
-        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-        lines = z.read(meta).decode().splitlines()
-    pins = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Requires-Dist:")]
-    found = [p for p in pins if p.replace(" ", "").lower().startswith(f"{name}==") and ";" not in p]
+def _torch_pin(frozen: list) -> str:
+    "`torch==X` at the version speclab runs with here, less a local label such as +cpu (setup.sh picks the build)."
+    found = [line for line in frozen if line.startswith("torch==")]
     if len(found) != 1:
-        raise ValueError(f"the course must pin {name} exactly (settings.ini: {name}==X), got {found or 'no pin'}")
-    return found[0].replace(" ", "")
+        raise RuntimeError(f"speclab needs torch, and the frozen requirements hold {found or 'none'}")
+    return found[0].split("+", 1)[0]
 
 def _zip_folder(folder: Path, path: Path) -> Path:
     "Every file under `folder` into the zip `path`: sorted, fixed timestamps, scripts kept executable."
@@ -869,8 +864,9 @@ def write_gradescope(lab: Lab, out: str | Path, wheel: str | Path | None = None)
     (out / "wheels").mkdir(parents=True)
     wheel = build_wheel(out / "wheels") if wheel is None else Path(shutil.copy2(wheel, out / "wheels"))
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    torch_pin = _course_pin(wheel, "torch")
-    frozen = [line for line in frozen_requirements() if not line.startswith("torch==")]
+    frozen = frozen_requirements()
+    torch_pin = _torch_pin(frozen)
+    frozen = [line for line in frozen if not line.startswith("torch==")]
     (out / "constraints.txt").write_text(
         f"# The versions speclab ran with where this bundle was made (Python {version}); setup.sh keeps to them.\n"
         + "".join(f"{line}\n" for line in frozen))

@@ -30,6 +30,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from speclab.grading import (RUN_AUTOGRADER, build_wheel, frozen_requirements, load_lab, sandbox_problem,
@@ -43,11 +44,24 @@ CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 VENV = "/autograder/speclab-venv"
 
 
-def course_pins() -> dict:
-    "settings.ini's exact pins of the library's requirements: {name: version}."
+def course_requirements() -> list:
+    "settings.ini's requirements of the library (exact pins or ranges), parsed."
     cfg = ConfigParser(delimiters=["="])
     cfg.read(ROOT / "settings.ini", encoding="utf-8")
-    return dict(r.split("==") for r in cfg["DEFAULT"]["requirements"].split() if "==" in r)
+    return [Requirement(r) for r in cfg["DEFAULT"]["requirements"].split()]
+
+
+def course_pins() -> dict:
+    "settings.ini's exact pins (`name==X`), if it still has any: {name: version}."
+    pins = {}
+    for req in course_requirements():
+        specs = list(req.specifier)
+        if len(specs) == 1 and specs[0].operator == "==":
+            pins[canonicalize_name(req.name)] = specs[0].version
+    return pins
+
+
+TORCH = version("torch").split("+")[0]          # the torch speclab runs with here, less its +cpu label
 
 
 def files_under(folder: Path) -> list:
@@ -95,13 +109,13 @@ def test_bundle_holds_scripts_wheel_pins_and_the_lab(lab, bundles):
 
 
 def test_setup_sh_installs_the_bundled_wheel_with_cpu_torch(bundles):
-    """setup.sh installs torch alone at the course's pin (no index first, then PyTorch's CPU index), then the bundled
-    wheel under constraints.txt, into /autograder/speclab-venv; never `pip install speclab` from an index; it is
-    valid bash, and the same for every lab (so one environment stands for all)."""
+    """setup.sh installs torch alone at the installed version (no index first, then PyTorch's CPU index), then the
+    bundled wheel under constraints.txt, into /autograder/speclab-venv; never `pip install speclab` from an index; it
+    is valid bash, and the same for every lab (so one environment stands for all)."""
     texts = {name: (b.parent / "setup.sh").read_text() for name, b in bundles.items()}
     text = texts["08_acceptance"]
     assert set(texts.values()) == {text}
-    assert f"torch_pin='torch=={course_pins()['torch']}'" in text
+    assert f"torch_pin='torch=={TORCH}'" in text
     assert f"frozen_on='{sys.version_info.major}.{sys.version_info.minor}'" in text
     assert f"venv={VENV}\n" in text
     assert '--no-deps --no-index --find-links "$here/wheels" "$torch_pin"' in text
@@ -141,9 +155,27 @@ def test_constraints_pin_what_speclab_runs_with(bundles):
             assert frozen[name] == pinned, name
 
 
+@pytest.mark.skipif(not (ROOT / "constraints.txt").is_file(), reason="no constraints.txt at the project root")
+def test_bundle_pins_agree_with_the_project_constraints(bundles):
+    """The project's constraints.txt (the exact versions CI runs) pins each of speclab's run-time dependencies, torch
+    included, at the version the bundle freezes: the bundle grades with CI's versions."""
+    project = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#")[0].split(";")[0].strip()
+        if "==" in line:
+            name, pinned = line.split("==")
+            project[canonicalize_name(name)] = pinned.strip()
+    text = (bundles["08_acceptance"].parent / "constraints.txt").read_text().splitlines()
+    bundle = dict(line.split("==") for line in text if not line.startswith("#"))
+    bundle["torch"] = re.search(r"torch_pin='torch==([^']+)'",
+                                (bundles["08_acceptance"].parent / "setup.sh").read_text()).group(1)
+    differ = {name: (pinned, project.get(name)) for name, pinned in bundle.items() if project.get(name) != pinned}
+    assert not differ, f"bundle's version vs constraints.txt's (None: not pinned there): {differ}"
+
+
 def test_wheel_is_this_checkout_and_importable(wheel, tmp_path):
     """The wheel holds this checkout's speclab byte for byte (every module, the shipped model pair's files), requires
-    the course's pins, and imports from where it is unpacked, in an isolated interpreter."""
+    settings.ini's requirements, and imports from where it is unpacked, in an isolated interpreter."""
     with zipfile.ZipFile(wheel) as z:
         z.extractall(tmp_path)
         meta = z.read(next(n for n in z.namelist() if n.endswith("METADATA"))).decode()
@@ -151,8 +183,9 @@ def test_wheel_is_this_checkout_and_importable(wheel, tmp_path):
     assert files_under(tmp_path / "speclab") == checkout
     for name in checkout:
         assert (tmp_path / "speclab" / name).read_bytes() == (ROOT / "speclab" / name).read_bytes(), name
-    for name, pinned in course_pins().items():
-        assert f"Requires-Dist: {name}=={pinned}\n" in meta, name
+    listed = [Requirement(line.split(":", 1)[1]) for line in meta.splitlines() if line.startswith("Requires-Dist:")]
+    for req in course_requirements():
+        assert req in listed, req
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import speclab, speclab.grading; "
             "print(speclab.__file__, speclab.__version__, speclab.grading.write_gradescope.__name__)")
     out = subprocess.run([sys.executable, "-I", "-c", code, str(tmp_path)], capture_output=True, text=True,
@@ -277,12 +310,12 @@ def test_image_holds_the_course_code(image):
     assert [n for n in files_under(site / "speclab") if "__pycache__" not in n] == sorted(packed)
     for name, data in packed.items():
         assert (site / "speclab" / name).read_bytes() == data, name
-    assert f"torch {course_pins()['torch']}+cpu" in built["log"] and "apt-get is not allowed" not in built["log"]
+    assert f"torch {TORCH}+cpu" in built["log"] and "apt-get is not allowed" not in built["log"]
     installed = dict(p.name[:-len(".dist-info")].split("-") for p in site.glob("*.dist-info"))
     installed = {canonicalize_name(name): v for name, v in installed.items()}
     lines = (root / "source" / "constraints.txt").read_text().splitlines()
     pins = [line.split(" ; ")[0] for line in lines if not line.startswith("#")]
-    for line in [*pins, f"torch=={course_pins()['torch']}+cpu"]:
+    for line in [*pins, f"torch=={TORCH}+cpu"]:
         name, pinned = line.split("==")
         assert installed.get(name) == pinned, line
 
