@@ -3,9 +3,16 @@
 One server runs in-process for the module (uvicorn in a thread, a free port, at most 4 running requests) and an
 httpx client talks to it. Completions are compared with `SpecDecoder.generate` and the /metrics counters with an
 in-process engine's; disconnects must leave the engine with no request and every block free; a failing step must cost
-only its requests; 16 concurrent requests against a running limit of 4 must all complete. Then `speclab serve` runs
-as a real process, stopped by SIGINT, and its argument errors are checked. Every wait is bounded.
+only its requests, and an engine error finish only its own; 16 concurrent requests against a running limit of 4 must
+all complete. Then `speclab serve` runs as a real process, stopped by SIGINT and by SIGTERM, and its argument errors
+are checked. Every wait is bounded.
+
+The engine belongs to the engine thread: the tests read it through `lp.inspect()` (an `Inspect` command answered
+between two steps). Faults are planted by giving the engine an instance `step` while it is idle (an attribute store,
+which the engine thread reads at its next step).
 """
+import dataclasses
+import inspect
 import asyncio
 import json
 import re
@@ -21,9 +28,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import speclab.serve
 from speclab.vllm_io import metrics_delta, parse_prometheus
-from speclab.engine import SamplingParams
-from speclab.serve import Abort, EngineLoop, ServerThread, build_app, load_engine
+from speclab.engine import Output, SamplingParams, StepOutput
+from speclab.serve import (Abort, Command, EngineLoop, Failed, ServerThread, Stream, build_app, engine_failure,
+                           failure, load_engine)
 from speclab.train import tiny_pair_path
 
 pytestmark = pytest.mark.xdist_group("serve")   # one worker: its module fixtures are built once
@@ -91,23 +100,50 @@ def idle_and_free(lp, timeout=60):
     "Wait (bounded) until the engine has no unfinished request and every KV block is free; the last reading."
     deadline = time.monotonic() + timeout
     while True:
-        state = lp.call(lambda e: (e.has_unfinished(), e.block_manager.free_blocks, e.block_manager.num_blocks,
-                                   len(lp.streams))).result(timeout=timeout)
+        s = lp.inspect(timeout)
+        state = (s.unfinished, s.free_blocks, s.num_blocks, s.open_requests)
         if (not state[0] and state[1] == state[2] and state[3] == 0) or time.monotonic() > deadline:
             return state
         time.sleep(0.05)
 
 
+def plant_step(lp, step):
+    "Give the idle engine an instance `step` (removed by `del engine.step`); the engine thread uses it next step."
+    assert idle_and_free(lp)[0] is False, "the engine must be idle to have its step replaced"
+    lp.engine.step = step
+
+
 def test_server_reads_no_engine_internals():
     "The server talks to the engine through add_request, abort, step, has_unfinished and scheduler_stats only."
-    import inspect
-
-    import speclab.serve
     src = inspect.getsource(speclab.serve)
     for internal in (r"engine\.requests", r"engine\.scheduler\b(?!_stats)", r"engine\.metrics",
                      r"(sched|scheduler)\.(waiting|running)\b", r"token_ids \+="):
         assert not re.search(internal, src), internal
     assert "visible_text" not in src and "tokenizer.decode(" in src      # decoding only for echo and logprobs
+
+
+ENGINE_THREAD = {"LoopRun", "LoopRequests", "LoopSteps", "EngineLoop", "load_engine", "build_app"}
+
+
+def test_only_the_engine_thread_touches_the_engine():
+    """Issue 39: the thread rule as structure. No function or class of the server but the engine loop's own parts (and
+    build_app, which reads the engine once into ServerInfo before the thread runs) mentions `.engine`; the loop's
+    functions are EngineLoop methods; no command carries code (no Call(fn)); the queries are named."""
+    for name, obj in vars(speclab.serve).items():
+        if getattr(obj, "__module__", None) != "speclab.serve" or name in ENGINE_THREAD:
+            continue
+        if inspect.isfunction(obj) or inspect.isclass(obj):
+            assert not re.search(r"\.engine\b", inspect.getsource(obj)), f"{name} reaches into the engine"
+    for name in ("next_commands", "run", "run_command", "add_request", "abort_request", "close_all", "step_once",
+                 "deliver", "publish"):
+        assert callable(getattr(EngineLoop, name)) and not hasattr(speclab.serve, name), name
+    assert not hasattr(speclab.serve, "Call") and not hasattr(EngineLoop, "call")
+    names = set()
+    for cls in Command.__args__:
+        names.add(cls.__name__)
+        for f in dataclasses.fields(cls):
+            assert f.name in ("future", "stream") or "Callable" not in str(f.type), (cls.__name__, f.name)
+    assert names == {"Add", "Abort", "Score", "BadWords", "Inspect", "Stop"}
 
 
 def test_health_and_models(client):
@@ -198,6 +234,17 @@ def test_metrics_equal_the_engine(client, reference):
     ({"prompt": "x", "top_p": 0}, 400, "top_p", "invalid_request_error"),
     ({"prompt": "x", "stop": 3}, 400, "stop", "invalid_request_error"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options", "invalid_request_error"),
+    ({"prompt": "x", "temperature": "0.5"}, 400, "temperature", "invalid_request_error"),           # issue 39: strict
+    ({"prompt": "x", "max_tokens": "5"}, 400, "max_tokens", "invalid_request_error"),
+    ({"prompt": "x", "n": 1.5}, 400, "n", "invalid_request_error"),
+    ({"prompt": "x", "echo": 1}, 400, "echo", "invalid_request_error"),
+    ({"prompt": "x", "logit_bias": {"5": "1"}}, 400, "logit_bias.5", "invalid_request_error"),
+    ({"prompt": "x", "stream": True, "stream_options": {"foo": 1}}, 400, "stream_options.foo",
+     "invalid_request_error"),
+    ({"prompt": "x", "stream": True, "stream_options": {"include_usage": "yes"}}, 400, "stream_options.include_usage",
+     "invalid_request_error"),
+    ({"prompt": "x", "stream": True, "stream_options": {"include_usage": False, "continuous_usage_stats": True}}, 400,
+     "stream_options.continuous_usage_stats", "invalid_request_error"),
     (b'{"prompt": "x",', 400, "body", "invalid_request_error"),
     (b'[1, 2]', 400, "body", "invalid_request_error"),
 ])
@@ -224,12 +271,10 @@ def test_failed_step_fails_its_requests_only(client, server):
     "An exception in step(): the open request gets a 500 naming the engine's error; the server serves on."
     lp = server[1]
 
-    def break_once(engine):
-        def boom():
-            del engine.step                              # the next step is the class's own again
-            raise RuntimeError("injected failure")
-        engine.step = boom
-    lp.call(break_once).result(timeout=60)
+    def boom():
+        del lp.engine.step                               # the next step is the class's own again
+        raise RuntimeError("injected failure")
+    plant_step(lp, boom)
     r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 8})
     assert r.status_code == 500, r.text
     err = r.json()["error"]
@@ -253,16 +298,16 @@ def hold_until_an_abort(lp, timeout=60):
             live_abort.set()
         return send(command)
 
-    def install(engine):
-        def held_step():
-            if any(r.num_output_tokens for r in engine.requests.values()):
-                live_abort.wait(timeout)
-                del engine.step                  # the class's own step again from here on
-                del lp.send
-            return type(engine).step(engine)
-        engine.step = held_step
+    engine = lp.engine
+
+    def held_step():
+        if any(r.num_output_tokens for r in engine.requests.values()):
+            live_abort.wait(timeout)
+            del engine.step                      # the class's own step again from here on
+            del lp.send
+        return type(engine).step(engine)
+    plant_step(lp, held_step)
     lp.send = watching_send
-    lp.call(install).result(timeout=timeout)
 
 
 def aborted(client) -> float:
@@ -301,19 +346,18 @@ def test_plain_disconnect_frees_blocks(client, server):
 def test_late_request_joins_the_batch(client, server):
     "Continuous batching: a short request sent while a long stream runs finishes while the long one still runs."
     lp, log = server[1], []
+    engine = lp.engine
 
-    def install(engine):
+    def step():
         "Hold the engine (bounded) once the long request has tokens, until the short one's Add arrives; then log."
-        def step():
-            if not log and any(r.num_output_tokens for r in engine.requests.values()):
-                deadline = time.monotonic() + 60
-                while lp.commands.empty() and time.monotonic() < deadline:
-                    time.sleep(0.01)
-            outs = type(engine).step(engine)
-            log.append(([len(o.finished.token_ids) for o in outs if o.finished is not None], engine.has_unfinished()))
-            return outs
-        engine.step = step
-    lp.call(install).result(timeout=60)
+        if not log and any(r.num_output_tokens for r in engine.requests.values()):
+            deadline = time.monotonic() + 60
+            while lp.commands.empty() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        outs = type(engine).step(engine)
+        log.append(([len(o.finished.token_ids) for o in outs if o.finished is not None], engine.has_unfinished()))
+        return outs
+    plant_step(lp, step)
     try:
         with client.stream("POST", "/v1/completions", json={"prompt": PROMPTS[2], "max_tokens": 300,
                                                             "temperature": 0, "ignore_eos": True, "stream": True}) as r:
@@ -322,7 +366,8 @@ def test_late_request_joins_the_batch(client, server):
             short = complete(client, prompt="x = ", max_tokens=4, temperature=0)
             rest = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     finally:
-        lp.call(lambda e: e.__dict__.pop("step", None)).result(timeout=60)
+        idle_and_free(lp)
+        engine.__dict__.pop("step", None)
     assert short["usage"]["completion_tokens"] == 4
     first_done = next((done, still_running) for done, still_running in log if done)
     assert first_done == ([4], True), f"the first request to finish (tokens, others running): {first_done}"
@@ -404,8 +449,10 @@ def test_cli_argument_errors(argv, words):
         assert w in r.stderr, r.stderr
 
 
-def test_speclab_serve_process(tmp_path):
-    "`speclab serve` as a real process: it prints its URL, serves, and SIGINT stops it with status 0."
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_speclab_serve_process(tmp_path, sig):
+    """`speclab serve` as a real process: it prints its URL, serves, and SIGINT or SIGTERM (issue 39: exit 143, no
+    closing line) stops it with status 0 after its closing line."""
     out = (tmp_path / "out.txt").open("w")
     proc = subprocess.Popen([str(SPECLAB), "serve", "--port", "0", "--max-num-seqs", "2", "--threads", "1"],
                             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -421,7 +468,7 @@ def test_speclab_serve_process(tmp_path):
                 time.sleep(0.1)
             r = c.post("/v1/completions", json={"model": MODEL, "prompt": "def f(x):\n", "max_tokens": 6})
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6, r.text
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         assert proc.wait(timeout=60) == 0, (tmp_path / "out.txt").read_text()
     finally:
         if proc.poll() is None:
@@ -444,12 +491,15 @@ def test_siblings_share_prefix_blocks(client, server):
     "n samples of one prompt are sibling requests: all but the first find the prompt's full blocks in the prefix cache."
     _, lp = server
     prompt = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n"
-    n_prompt = len(lp.engine.tokenizer(prompt)["input_ids"])
-    full = n_prompt // lp.engine.block_size * lp.engine.block_size
-    assert full >= lp.engine.block_size, "the prompt must fill a block"
-    before = lp.call(lambda e: e.scheduler.num_cached_tokens if e.scheduler else 0).result(timeout=60)
+    engine = lp.engine
+    n_prompt = len(engine.tokenizer(prompt)["input_ids"])
+    full = n_prompt // engine.block_size * engine.block_size
+    assert full >= engine.block_size, "the prompt must fill a block"
+    idle_and_free(lp)                              # the counter is read while the engine thread has nothing to do
+    before = engine.scheduler.num_cached_tokens if engine.scheduler else 0
     got = complete(client, prompt=prompt, n=4, max_tokens=6, temperature=0.8, seed=1)
     assert [c["index"] for c in got["choices"]] == [0, 1, 2, 3]
     assert got["usage"]["prompt_tokens"] == n_prompt                     # the prompt is counted once
-    cached = lp.call(lambda e: e.scheduler.num_cached_tokens).result(timeout=60) - before
+    idle_and_free(lp)
+    cached = engine.scheduler.num_cached_tokens - before
     assert cached >= 3 * full, f"only {cached} prompt tokens came from the cache for 3 siblings of {full}"
