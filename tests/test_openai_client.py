@@ -176,6 +176,71 @@ def test_echo_and_spec_stats(client, reference, stream):
     assert stats["mean_acceptance_length"] == pytest.approx(want.mean_acceptance_length)
 
 
+def test_continuous_usage_stats(client, reference):
+    """Issue 39: stream_options.continuous_usage_stats (guidellm sends it) puts usage in every chunk, vLLM's way: the
+    prompt's length, the choice's tokens so far (growing to the request's count), their sum; the usage chunk after
+    the choices says the same as a non-streamed request. Without it, chunks carry usage null."""
+    n_prompt = len(reference.tokenizer(PROMPT)["input_ids"])
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0, stream=True,
+                                            stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    assert all(ch.usage is not None for ch in chunks), [ch.usage for ch in chunks]
+    counts = [ch.usage.completion_tokens for ch in chunks]
+    assert counts == sorted(counts) and counts[-1] == 16 and counts[0] >= 1
+    assert all(ch.usage.prompt_tokens == n_prompt for ch in chunks)
+    assert all(ch.usage.total_tokens == n_prompt + ch.usage.completion_tokens for ch in chunks)
+    assert chunks[-1].choices == [] and chunks[-2].choices[0].finish_reason == "length"
+    plain = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=0, stream=True,
+                                           stream_options={"include_usage": True}))
+    assert all(ch.usage is None for ch in plain[:-1]) and plain[-1].usage.completion_tokens == 16
+
+
+STREAM_OPTIONS = [({"include_usage": True, "foo": 1}, "stream_options.foo"),
+                  ({"continuous_usage_stats": "yes"}, "stream_options.continuous_usage_stats"),
+                  ({"include_usage": False, "continuous_usage_stats": True}, "stream_options.continuous_usage_stats")]
+
+
+@pytest.mark.parametrize("options, param", STREAM_OPTIONS)
+def test_stream_options_refuse_what_they_cannot_honour(client, options, param):
+    "An unknown key inside stream_options is refused by its path, as an unknown top-level field is (never dropped)."
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, stream=True, stream_options=options)
+    assert e.value.body["param"] == param and param in e.value.body["message"], e.value.body
+
+
+@pytest.mark.parametrize("field, value", [("temperature", "0.5"), ("max_tokens", "8"), ("top_p", "1"), ("n", 1.0),
+                                          ("seed", "3"), ("echo", "true"), ("logprobs", True)])
+def test_numbers_and_bools_are_strict(client, field, value):
+    "Issue 39: a string (or a float, or a bool) where the API wants a number or a bool is a 400 naming the field."
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt=PROMPT, **{"max_tokens": 4, field: value})
+    assert e.value.body["param"] == field and field in e.value.body["message"], e.value.body
+    ok = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0, top_p=1,
+                                   presence_penalty=0)          # JSON ints where floats are wanted: fine
+    assert ok.usage.completion_tokens == 4
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_special_tokens_are_not_text(client, reference, stream):
+    """Issue 39: skip_special_tokens is true by default (vLLM's): an EOS the request does not stop on (ignore_eos) is
+    emitted but never written as <|endoftext|>: forced every time, the text is empty; mixed in at random (seeded),
+    the text is the decode of the other tokens, streamed or not, and a stop string is still found across them."""
+    forced = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0, stream=stream,
+                                       logit_bias={"0": 100}, extra_body={"ignore_eos": True})
+    assert texts_of(forced, stream) == {0: ""}
+    tok = reference.tokenizer
+    kw = dict(temperature=1.0, seed=3, max_tokens=40, ignore_eos=True, logit_bias={0: 6})
+    want = reference.generate([PROMPT], SamplingParams(**kw))[0]
+    assert want.token_ids.count(0) >= 2 and want.token_ids[-1] != 0, want.token_ids   # EOS among other tokens
+    assert want.text == tok.decode([t for t in want.token_ids if t != 0]) and want.text
+    body = dict(temperature=1.0, seed=3, max_tokens=40, logit_bias={"0": 6}, stream=stream)
+    got = client.completions.create(model=MODEL, prompt=PROMPT, extra_body={"ignore_eos": True}, **body)
+    assert texts_of(got, stream) == {0: want.text}
+    stop = want.text[len(want.text) // 2:len(want.text) // 2 + 2]
+    cut = reference.generate([PROMPT], SamplingParams(**kw, stop=(stop,)))[0]
+    got = client.completions.create(model=MODEL, prompt=PROMPT, stop=[stop], extra_body={"ignore_eos": True}, **body)
+    assert texts_of(got, stream) == {0: cut.text} and cut.finish_reason == "stop" and stop not in cut.text
+
+
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 MESSAGES = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def add(a, b):"}]
@@ -269,3 +334,23 @@ def test_chat_logprobs_equal_the_completions_ones(chat_server):
         assert {t["token"]: t["logprob"] for t in x["top_logprobs"]} == pytest.approx(top, abs=1e-9)
     assert entries[True] == got
     assert echoed.startswith("  return")
+
+
+def test_chat_content_parts(chat_server):
+    """Issue 39: content as a list of parts (what current clients send): text parts are joined with newlines (vLLM's)
+    and answered as the same text would be; any other part is a 400 naming it (messages.[i].content.[j])."""
+    url, engine = chat_server
+    parts = [MESSAGES[0], {"role": "user", "content": [{"type": "text", "text": "def add(a, b):"},
+                                                       {"type": "text", "text": "    return a + b"}]}]
+    joined = [MESSAGES[0], {"role": "user", "content": "def add(a, b):\n    return a + b"}]
+    image = {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
+    picture = [MESSAGES[0], {"role": "user", "content": [{"type": "text", "text": "what is this?"}, image]}]
+    with openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120) as c:
+        kw = dict(model="chat", max_tokens=10, temperature=0)
+        got = c.chat.completions.create(messages=parts, **kw).choices[0].message.content
+        want = c.chat.completions.create(messages=joined, **kw).choices[0].message.content
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(messages=picture, **kw)
+    text = engine.tokenizer.apply_chat_template(joined, tokenize=False, add_generation_prompt=True)
+    assert got == want == engine.generate([text], SamplingParams(temperature=0, max_tokens=10))[0].text
+    assert e.value.body["param"] == "messages.[1].content.[1]" and "image_url" in e.value.body["message"]

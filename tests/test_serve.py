@@ -503,3 +503,119 @@ def test_siblings_share_prefix_blocks(client, server):
     idle_and_free(lp)
     cached = engine.scheduler.num_cached_tokens - before
     assert cached >= 3 * full, f"only {cached} prompt tokens came from the cache for 3 siblings of {full}"
+
+
+def test_deliver_turns_engine_errors_into_failed(reference):
+    """Issue 39, item 6 (the engine's contract): a StepOutput finished with finish_reason "error" and Output.error
+    "Type: message" becomes Failed: 400 with the message alone for ValueError/TypeError (the request's own fields,
+    `param` read from its first word), 500 with the whole error otherwise; counted under "error"; the other requests
+    of the same step are delivered as usual. Fabricated outputs: no engine runs."""
+    lp = EngineLoop(reference)                          # never started: deliver is a plain method here
+    lp.streams = {i: Stream(deltas=i == 3, loop=None, index=i) for i in range(5)}
+    why = "allowed_token_ids and bad_words leave no token to sample at output position 2: the request ends there"
+    errors = [f"ValueError: {why}", "TypeError: bad_words must be token ids", "RuntimeError: drafter exploded",
+              "ValueError: no colon in this one"]
+    outs = [StepOutput(i, [], "", 4, Output([5, 6], "ab", "error", e), 2, 0.0) for i, e in enumerate(errors)]
+    outs.insert(2, StepOutput(4, [7], "c", 4, Output([5, 6, 7], "abc", "length"), 3, 0.0))
+    events = {stream.index: e for stream, e in lp.deliver(outs)}
+    assert events[0] == Failed(0, 400, why) and events[1] == Failed(1, 400, "bad_words must be token ids")
+    assert events[2].status == 500 and "RuntimeError: drafter exploded" in events[2].message
+    assert events[3] == Failed(3, 400, "no colon in this one")          # a stream that had deltas: the error event
+    assert (events[4].text, events[4].output.finish_reason) == ("abc", "length")
+    assert lp.stats.request_success == {"stop": 0, "length": 1, "abort": 0, "error": 4} and lp.streams == {}
+    assert (failure(events[0]).param, failure(events[0]).status) == ("allowed_token_ids", 400)
+    assert (failure(events[2]).param, failure(events[2]).kind) == (None, "InternalServerError")
+    assert engine_failure(0, None).status == 500                          # an error finish without a reason
+
+
+def fail_once(lp, prompt_ids, error, after):
+    """A planted step: the real step, then the first request with these prompt ids that has at least `after` tokens
+    ends as the engine ends a request in error (dropped from the engine, its StepOutput an "error" Output)."""
+    engine = lp.engine
+
+    def step():
+        outs = type(engine).step(engine)
+        for i, o in enumerate(outs):
+            r = engine.requests.get(o.req_id)
+            if o.finished is None and r is not None and r.prompt_ids == prompt_ids and r.num_output_tokens >= after:
+                engine.abort(o.req_id)
+                outs[i] = StepOutput(o.req_id, o.new_token_ids, "", o.num_prompt_tokens,
+                                     Output(r.output_ids, None, "error", error), o.num_output_tokens, o.arrival_time)
+                del engine.step
+                break
+        return outs
+    return step
+
+
+def errors_counted(client) -> float:
+    families = text_string_to_metric_families(client.get("/metrics").text)
+    return sum(s.value for f in families for s in f.samples
+               if s.name == "vllm:request_success_total" and s.labels.get("finished_reason") == "error")
+
+
+def test_engine_error_finish_ends_its_request_alone(client, server, reference):
+    """An engine error finish through the server: the streamed victim gets its text so far, then the error event
+    (400, `param` allowed_token_ids, no type prefix); the request beside it in the same steps gets exactly its greedy
+    completion; an internal error is a 500; each counts under finished_reason="error"; every block is free after."""
+    url, lp = server
+    victim, other = PROMPTS[2], PROMPTS[3]
+    ids = reference.tokenizer(victim)["input_ids"]
+    why = "allowed_token_ids and bad_words leave no token to sample at output position 6: the request ends there"
+    before = errors_counted(client)
+    plant_step(lp, fail_once(lp, ids, f"ValueError: {why}", after=5))       # its second step (4 tokens at the first)
+    body = {"max_tokens": 40, "temperature": 0, "ignore_eos": True}
+
+    async def main():
+        async with httpx.AsyncClient(base_url=url, timeout=120) as c:
+            async def streamed():
+                async with c.stream("POST", "/v1/completions", json={**body, "prompt": victim, "stream": True}) as r:
+                    return [json.loads(line[6:]) async for line in r.aiter_lines() if line.startswith("data: {")]
+            return await asyncio.gather(streamed(), c.post("/v1/completions", json={**body, "prompt": other}))
+    events, plain = asyncio.run(asyncio.wait_for(main(), timeout=300))
+    want = reference.generate([other], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0]
+    assert plain.status_code == 200 and plain.json()["choices"][0]["text"] == want.text
+    *deltas, last = events
+    assert deltas and all(e["choices"][0]["finish_reason"] is None for e in deltas)
+    assert last["error"] == {"message": why, "type": "invalid_request_error", "param": "allowed_token_ids",
+                             "code": 400}
+    plant_step(lp, fail_once(lp, ids, "RuntimeError: the drafter raised", after=0))
+    r = client.post("/v1/completions", json={**body, "prompt": victim})
+    assert r.status_code == 500 and "RuntimeError: the drafter raised" in r.json()["error"]["message"], r.text
+    assert errors_counted(client) == before + 2
+    unfinished, free, total, tracked = idle_and_free(lp)
+    assert (unfinished, free, tracked) == (False, total, 0)
+    assert "step" not in lp.engine.__dict__
+
+
+def test_kv_cache_usage_and_inter_token_latency(client, server):
+    """Issue 39: vLLM's vllm:kv_cache_usage_perc (a gauge in [0, 1]: above 0 while a request holds blocks, 0 once
+    all are free) and vllm:inter_token_latency_seconds (one observation per step after a request's first, vLLM's
+    buckets, read against a real vLLM 0.32 scrape), parsed by prometheus_client."""
+    lp = server[1]
+
+    def families():
+        return {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+
+    def itl_count(fams):
+        return next(s.value for s in fams["vllm:inter_token_latency_seconds"].samples if s.name.endswith("_count"))
+
+    idle_and_free(lp)
+    before = families()
+    assert before["vllm:kv_cache_usage_perc"].type == "gauge"
+    with client.stream("POST", "/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 60, "temperature": 0,
+                                                        "ignore_eos": True, "stream": True}) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))     # published before this event was sent
+        during = families()["vllm:kv_cache_usage_perc"].samples[0].value
+        events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    after = families()
+    assert 0 < during <= 1, during
+    assert after["vllm:kv_cache_usage_perc"].samples[0].value == 0.0
+    assert 1 <= itl_count(after) - itl_count(before) <= 59                 # at most one per token after the first
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    vllm = {f.name: f for f in text_string_to_metric_families(
+        (ROOT / "tests" / "data" / "vllm_0.32_metrics.txt").read_text())}
+    for name in ("vllm:inter_token_latency_seconds", "vllm:kv_cache_usage_perc"):
+        assert after[name].type == vllm[name].type
+        assert [s.labels.get("le") for s in after[name].samples if s.name.endswith("_bucket")] == \
+            [s.labels.get("le") for s in vllm[name].samples if s.name.endswith("_bucket")]
