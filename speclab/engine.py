@@ -6,10 +6,10 @@
 __all__ = ['WAITING', 'RUNNING', 'FINISHED', 'DRAFT_SALT', 'DEFAULT_KV_BYTES', 'SamplingParams', 'check_processor_fields',
            'Output', 'RequestState', 'StepOutput', 'ngram_propose', 'NgramDrafter', 'processor_rows', 'bad_word_rows',
            'take_rows', 'grow_history', 'batch_processors', 'request_probs', 'sample_plain', 'ModelDrafter',
-           'kappa_for_batch', 'check_schedule', 'StepPlan', 'Proposal', 'Scheduler', 'cycle_collector_paused',
-           'check_engine_args', 'check_pair', 'check_batch', 'SchedulerStats', 'SpecDecoder', 'prompt_ids',
-           'new_request', 'request_blocks', 'block_bytes', 'pool_blocks', 'check_fits', 'ModelRunner',
-           'prompt_logprobs', 'emitted_logprobs']
+           'kappa_for_batch', 'check_schedule', 'StepPlan', 'Proposal', 'no_token_error', 'Scheduler',
+           'cycle_collector_paused', 'check_engine_args', 'check_pair', 'check_batch', 'SchedulerStats', 'SpecDecoder',
+           'prompt_ids', 'check_first_row', 'new_request', 'request_blocks', 'block_bytes', 'pool_blocks', 'check_fits',
+           'ModelRunner', 'prompt_logprobs', 'emitted_logprobs']
 
 # %% ../nbs/08_engine.ipynb #fba7d837
 import copy
@@ -29,8 +29,9 @@ from .kv import BlockManager, Request
 from .metadata import SpecDecodeMetadata
 from .model import Detokenizer, KVCache, Llama, forward, forward_paged, long_tensor, paged_batch, paged_cache
 from .roofline import SpecMetrics
-from .sampling import (PLACEHOLDER_TOKEN_ID, ProcessorRows, SamplingMetadata, draw_tokens, process_logits,
-                              rejection_sampler, sampling_probs, token_counts)
+from .sampling import (NO_VALID_TOKEN_ID, PLACEHOLDER_TOKEN_ID, ProcessorRows, SamplingMetadata, draw_tokens,
+                              neutralize, no_valid_rows, process_logits, rejection_sampler, sampling_probs,
+                              token_counts)
 
 # %% ../nbs/08_engine.ipynb #65a3e0e5
 @dataclass
@@ -361,10 +362,18 @@ def request_probs(logits: torch.Tensor, params: list[SamplingParams],
 def sample_plain(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator],
                  rows: ProcessorRows | None = None) -> torch.Tensor:
     """Plain decoding's sampler, one token per request (a row of `logits` each): what the rejection sampler draws for
-    a request with no drafts (its bonus token), without the metadata and the rejection step around it."""
+    a request with no drafts (its bonus token), without the metadata and the rejection step around it. A row the
+    processors emptied gives NO_VALID_TOKEN_ID: its request ends there (Chapter 3's rule)."""
+    no_valid = None
+    if rows is not None:
+        logits = process_logits(logits, rows)
+        no_valid = no_valid_rows(logits)
+        logits = neutralize(logits, no_valid)
     if all(p.greedy for p in params):                          # argmaxes only: no transforms, no generator touched
-        return (logits if rows is None else process_logits(logits, rows)).argmax(-1)
-    return draw_tokens(request_probs(logits, params, rows), [p.greedy for p in params], generators, check=False)
+        tokens = logits.argmax(-1)
+    else:
+        tokens = draw_tokens(request_probs(logits, params), [p.greedy for p in params], generators, check=False)
+    return tokens if no_valid is None else tokens.masked_fill(no_valid, NO_VALID_TOKEN_ID)
 
 class ModelDrafter:
     "Drafts with a smaller model: kappa autoregressive draws from its own q, its K/V in the target's blocks."
@@ -400,6 +409,7 @@ class ModelDrafter:
         "One draft token per row and the q row it was drawn from (one-hot for an argmax; None if no one reads q)."
         if rows is not None:                                   # q processed with the history at this draft position
             logits = process_logits(logits, rows)
+            logits = neutralize(logits, no_valid_rows(logits))   # an empty row: a draft the target's row discards
         if all_greedy:                                         # the sampler's greedy path never reads q
             return logits.argmax(-1), None
         if self.greedy or all(r.params.greedy for r in batch):   # a point mass: skip the transforms
@@ -476,6 +486,16 @@ class Proposal(NamedTuple):
     drafts: list
     draft_probs: torch.Tensor | None = None
     num_draft_computed: list | None = None   # None: the drafter keeps no K/V (n-gram lookup)
+
+def no_token_error(r: RequestState) -> str:
+    "Why r ended at an empty row: the fields that emptied it and where (a ValueError: the request's own fields)."
+    p = r.params
+    on = (("allowed_token_ids", p.allowed_token_ids is not None), ("bad_words", p.bad_words is not None),
+          ("min_tokens", p.min_tokens > 0))
+    names = [name for name, used in on if used] or ["the logits processors"]
+    names = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+    where = f"output position {r.num_output_tokens}"
+    return f"ValueError: {names} leave no token to sample at {where}: the request ends there"
 
 class Scheduler:
     "Waiting and running queues over Chapter 6's block manager: plans a step, and applies what the step produced."
@@ -586,22 +606,48 @@ class Scheduler:
 
     def update(self, plan: StepPlan, proposal: Proposal, output_token_ids: torch.Tensor,
                metrics: SpecMetrics, logprobs: list | None = None) -> list[StepOutput]:
-        "Apply a step: keep tokens up to a stop, commit them (roll back the rest, target and draft), count, finish."
+        "Apply a step request by request; one whose share raises (its detokenizer, its callback) ends alone: `fail`."
         fed = proposal.num_draft_computed or [r.num_draft_computed for r in plan.requests]
         outputs = []
         for i, (r, d, new) in enumerate(zip(plan.requests, proposal.drafts, _unpad(output_token_ids))):
-            num_accepted = len(new) - 1
-            kept, reason = r.keep(new)                         # a stop inside the run: a shorter run, still a prefix
-            self.block_manager.commit(r.req_id, len(kept) - 1, kept)  # keeps context + accepted; appends the tokens
-            r.num_draft_computed = min(fed[i], r.num_computed_tokens)   # so does the draft
-            metrics.update(len(d), num_accepted)
-            r.num_drafts += int(len(d) > 0)
-            r.num_draft_tokens += len(d)
-            r.num_accepted_tokens += num_accepted
-            outputs.append(self._emit(r, kept, reason, None if logprobs is None else logprobs[i]))
+            try:
+                outputs.append(self._apply(r, d, new, fed[i], metrics, None if logprobs is None else logprobs[i]))
+            except Exception as e:
+                outputs.append(self.fail(r, f"{type(e).__name__}: {e}"))
         return outputs
 
-    def _emit(self, r: RequestState, kept: list[int], reason: str | None, logprobs: list | None) -> StepOutput:
+    def _apply(self, r: RequestState, drafted: list[int], new: list[int], fed: int, metrics: SpecMetrics,
+               logprobs: list | None) -> StepOutput:
+        "r's share of a step: keep tokens up to a stop, commit them (roll back the rest, target and draft), count."
+        empty = bool(new) and new[-1] == NO_VALID_TOKEN_ID      # the row after these tokens was empty: r ends there
+        new = new[:-1] if empty else new
+        num_accepted = len(new) if empty else len(new) - 1      # every token before an empty row was a draft
+        kept, reason = r.keep(new)                             # a stop inside the run: a shorter run, still a prefix
+        if kept:
+            self.block_manager.commit(r.req_id, len(kept) - 1, kept)  # keeps context + accepted; appends the tokens
+            r.num_draft_computed = min(fed, r.num_computed_tokens)    # so does the draft
+        metrics.update(len(drafted), num_accepted)
+        r.num_drafts += int(len(drafted) > 0)
+        r.num_draft_tokens += len(drafted)
+        r.num_accepted_tokens += num_accepted
+        if empty and reason is None:
+            return self._emit(r, kept, "error", logprobs, no_token_error(r))
+        return self._emit(r, kept, reason, logprobs)
+
+    def fail(self, r: RequestState, error: str, forget: bool = False) -> StepOutput:
+        """End r alone with `error` ("Type: message") and no more tokens; its blocks go back to the pool, their cache
+        keys dropped first when `forget` (a forward that raised may have left them half written)."""
+        if forget and r.req_id in self.block_manager.requests:
+            self.block_manager.forget(r.req_id)
+        self.finish(r)
+        text = None if r.detokenizer is None else r.detokenizer.text
+        logprobs = r.logprobs if r.params.logprobs is not None else None
+        out = Output(r.output_ids, text, "error", error, r.num_steps, logprobs, r.num_drafts, r.num_draft_tokens,
+                     r.num_accepted_tokens)
+        return StepOutput(r.req_id, [], "", r.num_prompt_tokens, out, r.num_output_tokens, r.arrival_time)
+
+    def _emit(self, r: RequestState, kept: list[int], reason: str | None, logprobs: list | None,
+              error: str | None = None) -> StepOutput:
         "Stream the tokens a step kept for r (already committed); finish r when it is done."
         if logprobs is not None:
             r.logprobs += logprobs[:len(kept)]
@@ -614,7 +660,7 @@ class Scheduler:
         self.finish(r)
         text = None if r.detokenizer is None else r.detokenizer.text
         logprobs = r.logprobs if r.params.logprobs is not None else None
-        out = Output(r.output_ids, text, reason, None, r.num_steps, logprobs, r.num_drafts, r.num_draft_tokens,
+        out = Output(r.output_ids, text, reason, error, r.num_steps, logprobs, r.num_drafts, r.num_draft_tokens,
                      r.num_accepted_tokens)
         return StepOutput(r.req_id, kept, r.text_delta(True), r.num_prompt_tokens, out, r.num_output_tokens,
                           r.arrival_time)
@@ -776,20 +822,41 @@ class SpecDecoder:
         plan = self.scheduler.schedule() if self.scheduler is not None else None
         if plan is None or not plan.requests:
             return []
-        t0 = time.perf_counter()
-        proposal = self.runner.draft(plan, catch_up=self.enable_prefix_caching)
-        t1 = time.perf_counter()
-        output_token_ids, logprobs, num_tokens = self.runner.verify(plan, proposal, self.block_manager)
-        t2 = time.perf_counter()
-        self.stats["steps"] += 1
-        self.stats["draft_s"] += t1 - t0
-        self.stats["target_s"] += t2 - t1
-        self.stats["target_tokens"] += num_tokens
-        outputs = self.scheduler.update(plan, proposal, output_token_ids, self.metrics, logprobs)
+        outputs = self._run(plan)
         for out in outputs:
             if out.finished is not None:
                 del self.requests[out.req_id]
         return outputs
+
+    def _run(self, plan: StepPlan) -> list[StepOutput]:
+        "Draft, verify and apply a plan; if drafting or verifying raises, `_isolate` finds whose step it was."
+        generators = {id(g): (g, g.get_state()) for r in plan.requests for g in (r.target_gen, r.draft_gen)}
+        computed = [r.num_computed_tokens for r in plan.requests]
+        try:
+            t0 = time.perf_counter()
+            proposal = self.runner.draft(plan, catch_up=self.enable_prefix_caching)
+            t1 = time.perf_counter()
+            output_token_ids, logprobs, num_tokens = self.runner.verify(plan, proposal, self.block_manager)
+            t2 = time.perf_counter()
+        except Exception as e:
+            return self._isolate(plan, list(generators.values()), computed, e)
+        self.stats["steps"] += 1
+        self.stats["draft_s"] += t1 - t0
+        self.stats["target_s"] += t2 - t1
+        self.stats["target_tokens"] += num_tokens
+        return self.scheduler.update(plan, proposal, output_token_ids, self.metrics, logprobs)
+
+    def _isolate(self, plan: StepPlan, generators: list, computed: list[int], error: Exception) -> list[StepOutput]:
+        """A step raised before its update: cancel it for every request, then run each alone from the generator states
+        the step began with. One that raises alone ends with the error; the others go on as if nothing had failed."""
+        for r, n in zip(plan.requests, computed):
+            if r.spec_tokens is not None:
+                self.block_manager.cancel(r.req_id, n)
+        if len(plan.requests) == 1:
+            return [self.scheduler.fail(plan.requests[0], f"{type(error).__name__}: {error}", forget=True)]
+        for g, state in generators:
+            g.set_state(state)
+        return [out for r, k in zip(plan.requests, plan.kappas) for out in self._run(StepPlan([r], [k]))]
 
     def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams] | None = None,
                  on_tokens: Callable[[int, list[int]], None] | None = None) -> list[Output]:
@@ -865,6 +932,18 @@ def prompt_ids(engine: SpecDecoder, prompt: str | list[int], params: SamplingPar
         raise ValueError(f"ignore_eos=True conflicts with the EOS id {eos} in stop_token_ids")
     return ids
 
+def check_first_row(params: SamplingParams, stop_ids: frozenset) -> None:
+    """Refuse what leaves no token at the first output position, decidable from the fields alone: one-token bad words
+    covering allowed_token_ids, or (while min_tokens > 0 masks the stop tokens) stop tokens and those bad words."""
+    if params.allowed_token_ids is None:
+        return
+    left = set(params.allowed_token_ids) - {w[0] for w in params.bad_words or () if len(w) == 1}
+    if not left:
+        raise ValueError("bad_words ban every token of allowed_token_ids: no token could be sampled")
+    if params.min_tokens and left <= stop_ids:
+        raise ValueError("min_tokens > 0 masks the stop tokens (the EOS included), and allowed_token_ids holds no "
+                         "other token that bad_words allow: no token could be sampled")
+
 def new_request(engine: SpecDecoder, req_id: int, prompt: str | list[int], params: SamplingParams,
                 on_tokens: Callable[[list[int]], None] | None = None,
                 arrival_time: float | None = None) -> RequestState:
@@ -875,9 +954,7 @@ def new_request(engine: SpecDecoder, req_id: int, prompt: str | list[int], param
     ids = prompt_ids(engine, prompt, params)
     eos = getattr(engine.tokenizer, "eos_token_id", None)
     stop_ids = frozenset(params.stop_token_ids) | ({eos} if eos is not None and not params.ignore_eos else set())
-    if params.min_tokens and params.allowed_token_ids is not None and set(params.allowed_token_ids) <= stop_ids:
-        raise ValueError("allowed_token_ids holds only stop tokens (the EOS included) while min_tokens > 0 masks "
-                         "them: no token could be sampled")
+    check_first_row(params, stop_ids)
     target_gen, draft_gen = _gens(params, engine.gen, engine.device)
     detokenizer = None if engine.tokenizer is None else Detokenizer(engine.tokenizer, params.stop, stop_ids)
     arrival = time.perf_counter() if arrival_time is None else float(arrival_time)
@@ -973,7 +1050,8 @@ class ModelRunner:
             num_draft_tokens = md.num_draft_tokens
         logprobs = None
         if any(p.logprobs is not None for p in params):
-            per = emitted_logprobs(logits, num_draft_tokens, out, max(p.logprobs or 0 for p in params))
+            emitted = out.masked_fill(out == NO_VALID_TOKEN_ID, PLACEHOLDER_TOKEN_ID)   # an empty row has none
+            per = emitted_logprobs(logits, num_draft_tokens, emitted, max(p.logprobs or 0 for p in params))
             logprobs = [[(lp, top[:p.logprobs or 0]) for lp, top in lps] for p, lps in zip(params, per)]
         return out, logprobs, num_tokens
 

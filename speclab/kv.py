@@ -372,6 +372,25 @@ class BlockManager:
         self._release_all(r)
         r.block_ids, r.num_computed_tokens, r.num_cached_blocks, r.spec_tokens = [], 0, 0, None
 
+    def cancel(self, req_id: Hashable, num_computed_tokens: int) -> None:
+        """Abandon the step in flight of a request whose forward failed: no drafts, and `num_computed_tokens` back to
+        its count before allocate_slots (the caller's record), so that those positions are computed again."""
+        r = self._get(req_id)
+        if r.spec_tokens is None:
+            raise ValueError(f"request {req_id!r} has no step in flight to cancel")
+        if not _is_int(num_computed_tokens) or not 0 <= num_computed_tokens <= r.num_computed_tokens:
+            raise ValueError(f"num_computed_tokens must be an int in [0, {r.num_computed_tokens}], "
+                             f"got {num_computed_tokens!r}")
+        r.spec_tokens = None
+        r.num_computed_tokens = num_computed_tokens
+
+    def forget(self, req_id: Hashable) -> None:
+        "Drop the prefix-cache keys of a request's blocks, which a failed step may have left half written."
+        for b in self._get(req_id).block_ids:
+            key = self.block_hash.pop(b, None) if b != FREED else None
+            if key is not None:
+                del self.cached[key]
+
     def state(self) -> tuple:
         "A copy of the bookkeeping (each record's tokens and the manager's fields), to compare before and after."
         records = {rid: (list(r.token_ids), copy.copy(r.spec_tokens), r.num_computed_tokens, list(r.block_ids),
