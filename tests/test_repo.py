@@ -251,9 +251,10 @@ def test_wheel_builds_and_installs_without_dev_tools(tmp_path, repo_files, setti
     r = run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=cwd, env=env)
     assert r.returncode == 0, output(r)
     # --no-compile: no bytecode for every installed file up front (torch alone has thousands); what runs compiles its
-    # own, as it imports
+    # own, as it imports. -c constraints.txt: the versions CI runs (the wheel itself asks for ranges, under which pip
+    # would take the newest torch: on Linux, the CUDA build and its gigabytes of nvidia-* wheels)
     r = run([sys.executable, "-m", "pip", "--python", venv / "bin" / "python", "install", "--quiet", "--no-compile",
-             wheel], cwd=cwd, env=env, timeout=1800)
+             "-c", ROOT / "constraints.txt", wheel], cwd=cwd, env=env, timeout=1800)
     assert r.returncode == 0, f"pip install of the wheel failed\n{output(r)}"
 
     r = run([venv / "bin" / "python", "-c", "import speclab, speclab.proof; print(speclab.__file__)\n"

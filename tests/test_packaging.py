@@ -1,0 +1,231 @@
+"""Packaging (issue 39): `pip install speclab` takes ranges, so it installs into a user's environment and keeps the
+torch and transformers already there; the exact versions CI runs live in constraints.txt, which the README's set-up
+command passes to pip.
+
+`python tests/test_packaging.py` rewrites constraints.txt from the running venv (after a deliberate upgrade).
+"""
+import json
+import re
+import subprocess
+import sys
+from configparser import ConfigParser
+from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
+
+import pytest
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parent.parent
+CONSTRAINTS = ROOT / "constraints.txt"
+MATRIX = ROOT / "benchmarks" / "install_matrix.json"
+# newer releases break nbdev 2 (design.md): these stay exact in settings.ini's dev extra as well
+NBDEV_PINS = {"nbdev": "2.4.14", "fastcore": "1.14.5", "execnb": "0.1.18", "ghapi": "2.0.3"}
+HEADER = """\
+# The exact versions CI runs (`pip install -c constraints.txt -e ".[dev]"`, the README's set-up command): speclab's
+# requirements, its dev, docs and instructor extras and everything they pull in, as installed in CI's venv on
+# Python {python}. settings.ini holds the ranges a user's `pip install speclab` accepts. torch==X matches this
+# machine's CPU wheel (X+cpu, found through pip's configuration) and PyPI's CUDA build alike.
+# Regenerate after a deliberate upgrade: .venv/bin/python tests/test_packaging.py
+"""
+
+
+def settings() -> dict:
+    cfg = ConfigParser(delimiters=["="])
+    cfg.read(ROOT / "settings.ini", encoding="utf-8")
+    return cfg["DEFAULT"]
+
+
+def requirements(key: str = "requirements") -> list[Requirement]:
+    return [Requirement(r) for r in settings().get(key, "").split()]
+
+
+def public(version: str) -> str:
+    "2.13.0+cpu -> 2.13.0: a constraint with a local label would match only this machine's wheel."
+    return Version(version).public
+
+
+def closure(name: str = "speclab", extras: tuple = ("dev",)) -> dict:
+    "{canonical name: installed public version} of every distribution `name[extras]` needs here, `name` left out."
+    env = default_environment()
+    found, todo = {}, [(name, set(extras))]
+    seen = set()
+    while todo:
+        dist, want = todo.pop()
+        key = (canonicalize_name(dist), frozenset(want))
+        if key in seen:
+            continue
+        seen.add(key)
+        for text in distribution(dist).requires or []:
+            req = Requirement(text)
+            if req.marker is not None and not any(req.marker.evaluate({**env, "extra": e}) for e in {"", *want}):
+                continue
+            try:
+                found[canonicalize_name(req.name)] = public(distribution(req.name).version)
+            except PackageNotFoundError:
+                raise RuntimeError(f"{dist} needs {req}, which is not installed in this venv") from None
+            todo.append((req.name, set(req.extras)))
+    found.pop(canonicalize_name(name), None)
+    return dict(sorted(found.items()))
+
+
+def read_constraints(path: Path = CONSTRAINTS) -> dict:
+    "{canonical name: version} of constraints.txt's `name==version` lines."
+    pins = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            m = re.fullmatch(r"([A-Za-z0-9._-]+)==([^\s;,]+)", line)
+            assert m, f"constraints.txt: not a `name==version` line: {line!r}"
+            assert canonicalize_name(m[1]) not in pins, f"constraints.txt pins {m[1]} twice"
+            pins[canonicalize_name(m[1])] = m[2]
+    return pins
+
+
+def render_constraints() -> str:
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return HEADER.format(python=python) + "".join(f"{k}=={v}\n" for k, v in closure().items())
+
+
+def wheel_requirements() -> list[str]:
+    "The Requires-Dist lines setup.py gives the wheel, without building it (setup.py run with setup() captured)."
+    code = ("import json, setuptools, sys\n"
+            "setuptools.setup = lambda **kw: print(json.dumps({k: kw[k] for k in "
+            "('install_requires', 'extras_require', 'python_requires', 'classifiers')}))\n"
+            "sys.argv = ['setup.py']\n"
+            "exec(compile(open('setup.py').read(), 'setup.py', 'exec'),\n"
+            "     {'__file__': 'setup.py', '__name__': '__main__'})")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+SETUP = wheel_requirements()
+
+
+# ------------------------------------------------------------------------------------------------ the ranges
+def test_library_requirements_are_ranges():
+    """No exact pin among the library's requirements: each has a lower and an upper bound, so pip neither downgrades
+    a user's newer torch within the major nor lets the next major in; setup.py hands them to the wheel unchanged."""
+    reqs = requirements()
+    assert [str(r) for r in map(Requirement, SETUP["install_requires"])] == [str(r) for r in reqs]
+    names = {canonicalize_name(r.name) for r in reqs}
+    assert {"torch", "transformers", "numpy", "fastapi", "uvicorn", "httpx"} <= names, names
+    for r in reqs:
+        ops = {s.operator for s in r.specifier}
+        assert not ops & {"==", "===", "~="}, f"{r}: an exact pin in the library's requirements"
+        assert ">=" in ops and "<" in ops, f"{r}: wants a lower (>=) and an upper (<) bound"
+
+
+def test_ranges_admit_what_users_have():
+    """A user's newer torch 2.x and transformers 5.x are accepted; the next majors, and a transformers 4 (whose
+    tokenizers lack TokenizersBackend), are not."""
+    spec = {canonicalize_name(r.name): r.specifier for r in requirements()}
+    assert "2.15.0" in spec["torch"] and "2.5.0" in spec["torch"] and "3.0.0" not in spec["torch"]
+    assert "2.4.1" not in spec["torch"]
+    assert "5.25.0" in spec["transformers"] and "5.0.0" in spec["transformers"]
+    assert "4.57.6" not in spec["transformers"] and "6.0" not in spec["transformers"]
+
+
+def test_triton_is_for_linux_only():
+    "Triton has wheels for Linux only (speclab imports it only for --backend triton): elsewhere pip must skip it."
+    (triton,) = [r for r in requirements() if r.name == "triton"]
+    assert triton.marker is not None
+    assert triton.marker.evaluate({**default_environment(), "platform_system": "Linux"})
+    for system in ("Darwin", "Windows"):
+        assert not triton.marker.evaluate({**default_environment(), "platform_system": system}), system
+
+
+def test_speclab_imports_triton_only_for_the_kernels():
+    "The marker above is safe only while no module but speclab.kernels imports triton at import time."
+    bad = [p.name for p in (ROOT / "speclab").glob("*.py") if p.name != "kernels.py"
+           and re.search(r"^(import triton|from triton)", p.read_text(encoding="utf-8"), re.M)]
+    assert not bad, f"these modules import triton at the top: {bad}"
+
+
+def test_nbdev_trio_stays_exact():
+    "nbdev 2.4.14 works only with these exact versions (design.md): the dev extra pins them, and so does CI."
+    dev = {canonicalize_name(r.name): str(r.specifier) for r in requirements("dev_requirements")}
+    pins = read_constraints()
+    for name, version in NBDEV_PINS.items():
+        assert dev[name] == f"=={version}" and pins[name] == version, name
+
+
+# ------------------------------------------------------------------------------------------------ constraints.txt
+def test_constraints_cover_every_requirement_inside_its_range():
+    "Every requirement of settings.ini (library and every extra) is pinned in constraints.txt at a version it allows."
+    pins = read_constraints()
+    for key in ("requirements", "dev_requirements", "docs_requirements", "instructor_requirements"):
+        for r in requirements(key):
+            name = canonicalize_name(r.name)
+            assert name in pins, f"{key}: {r} has no pin in constraints.txt"
+            assert r.specifier.contains(pins[name], prereleases=True), f"{key}: {r} excludes its pin {pins[name]}"
+
+
+def test_constraints_are_what_this_venv_runs():
+    """constraints.txt pins exactly the distributions speclab[dev] pulls into this venv, at the installed versions:
+    CI installs with it, so a drift means CI tests versions nobody recorded (regenerate: see the module doc)."""
+    pins, here = read_constraints(), closure()
+    missing, extra = sorted(here.keys() - pins.keys()), sorted(pins.keys() - here.keys())
+    differ = {k: (pins[k], here[k]) for k in pins.keys() & here.keys() if pins[k] != here[k]}
+    assert not missing and not extra and not differ, (
+        f"constraints.txt is out of step with this venv: not pinned {missing}; pinned but not needed {extra}; "
+        f"pinned != installed {differ}. If the venv is right, run `.venv/bin/python tests/test_packaging.py`")
+
+
+def test_constraints_header_names_the_python():
+    "The pins resolve on the Python they were frozen on; the header says which, and it is this one."
+    first = CONSTRAINTS.read_text(encoding="utf-8").split("\n# Regenerate")[0]
+    assert f"on\n# Python {sys.version_info.major}.{sys.version_info.minor}." in first, first
+
+
+# ------------------------------------------------------------------------------------------------ Python versions
+def test_python_requires_is_min_python():
+    "The wheel's Requires-Python, its classifiers and pyproject.toml all say settings.ini's min_python."
+    low = settings()["min_python"]
+    assert SETUP["python_requires"] == f">={low}"
+    versions = [c.rsplit(" ", 1)[1] for c in SETUP["classifiers"] if c.startswith("Programming Language :: Python ::")
+                and re.fullmatch(r"3\.\d+", c.rsplit(" ", 1)[1])]
+    assert versions and versions[0] == low, versions
+    assert f'requires-python=">={low}"' in (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+
+
+def test_claimed_pythons_were_measured():
+    """Every Python the classifiers claim has a `fresh` row in the install matrix where the wheel installed and
+    `speclab demo` passed, and min_python is the oldest such Python: no claim without a measurement."""
+    if not MATRIX.exists():
+        pytest.fail(f"{MATRIX.relative_to(ROOT)} is missing: run benchmarks/install_matrix.py")
+    rows = json.loads(MATRIX.read_text(encoding="utf-8"))["rows"]
+    ok = {".".join(r["python"].split(".")[:2]) for r in rows if r.get("kind") == "fresh" and "error" not in r
+          and r["demo"]["rc"] == 0 and r["demo"]["identical"]}
+    claimed = [c.rsplit(" ", 1)[1] for c in SETUP["classifiers"]
+               if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)]
+    assert set(claimed) <= ok, f"claimed but not measured to work: {sorted(set(claimed) - ok)}"
+    assert min(ok, key=lambda v: tuple(map(int, v.split(".")))) == settings()["min_python"], ok
+
+
+def test_matrix_kept_a_users_torch():
+    "The matrix's torch-kept row: a venv that already had torch kept it (same version and file, none downloaded)."
+    if not MATRIX.exists():
+        pytest.fail(f"{MATRIX.relative_to(ROOT)} is missing: run benchmarks/install_matrix.py")
+    rows = [r for r in json.loads(MATRIX.read_text(encoding="utf-8"))["rows"] if r.get("kind") == "torch-kept"]
+    assert len(rows) == 1, f"want one torch-kept row in {MATRIX.name}, found {len(rows)}"
+    row = rows[0]
+    assert row.get("torch_kept") is True and row["torch_before"] == row["torch"], row.get("error", row.get("torch"))
+
+
+# ------------------------------------------------------------------------------------------------ the README
+def test_readme_setup_command_uses_the_constraints():
+    "The README's set-up command (which .ci/run runs verbatim) installs with `-c constraints.txt`."
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = re.search(r"^## Two commands[ \t]*\n(.*?)(?=^## |\Z)", text, re.M | re.S).group(1)
+    setup = re.findall(r"^```sh[ \t]*\n(.*?)^```", section, re.M | re.S)[0].strip()
+    assert re.search(r"pip install (.* )?(-c|--constraint) constraints\.txt (.* )?-e \"\.\[dev\]\"", setup), setup
+
+
+if __name__ == "__main__":
+    CONSTRAINTS.write_text(render_constraints(), encoding="utf-8")
+    print(f"wrote {CONSTRAINTS} ({len(closure())} pins)")
