@@ -331,6 +331,41 @@ def _why(text: str, status: str) -> str:
         return f"it wrote nothing on stderr ({status})"
     return (lines[-1] if lines[0].startswith("Traceback") else lines[0])[:400]
 
+def _memory_cgroup() -> tuple:
+    "(events file, limit file) of this process's memory cgroup (v2 memory.events, v1 memory.oom_control), or ()."
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        if hierarchy == "0":
+            folder = Path("/sys/fs/cgroup") / path.lstrip("/")
+            files = (folder / "memory.events", folder / "memory.max")
+        elif "memory" in controllers.split(","):
+            folder = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            files = (folder / "memory.oom_control", folder / "memory.limit_in_bytes")
+        else:
+            continue
+        if files[0].is_file():
+            return files
+    return ()
+
+def _oom_kills() -> int | None:
+    "Processes the kernel's OOM killer has ended in this process's memory cgroup so far (None: not readable here)."
+    try:
+        files = _memory_cgroup()
+        lines = files[0].read_text().splitlines() if files else []
+    except (OSError, ValueError):
+        return None
+    return next((int(line.split()[1]) for line in lines if line.startswith("oom_kill ")), None)
+
+def _killed_for_memory() -> str:
+    "What GradingError says when the OOM killer ended the notebook's process: the machine's limit, in MB if known."
+    try:
+        limit = int(_memory_cgroup()[1].read_text())
+        shown = f" of {limit >> 20} MB" if limit < 1 << 50 else ""
+    except (OSError, ValueError, IndexError):
+        shown = ""
+    return (f"was killed by the kernel's out-of-memory killer: it outgrew the grading machine's memory limit{shown} "
+            "(on Gradescope, the autograder's memory setting)")
+
 class GradingError(Exception):
     "The student's process did not answer: it ran out of time, or it ended."
 
@@ -341,7 +376,7 @@ class Sandbox:
     "One student process, sandboxed (or, in practice mode, only limited); requests in, JSON answers out."
     def __init__(self, hide: list, limits: Limits, practice: bool):
         self.limits, self.practice, self.buffer, self.next_id = limits, practice, b"", 0
-        self.workdir, self.uid = None, None
+        self.workdir, self.uid, self.oom_kills = None, None, _oom_kills()
         if practice:
             import tempfile
             self.workdir = tempfile.TemporaryDirectory(prefix="speclab-practice-")
@@ -387,6 +422,8 @@ class Sandbox:
             if not ready:
                 continue
             chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+            if not chunk and self.oom_kills is not None and (_oom_kills() or 0) > self.oom_kills:
+                raise GradingError(_killed_for_memory())
             if not chunk:
                 raise GradingError("the notebook's process ended")
             self.buffer += chunk

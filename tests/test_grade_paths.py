@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
@@ -272,3 +273,57 @@ def test_a_sandbox_that_cannot_start_says_why_in_one_line(lab, tmp_path, monkeyp
     line = report.messages[0]
     assert report.score == 0 and "GRADER ERROR" in line and "\n" not in line, report.messages
     assert "mount" in line and "/nonexistent-speclab-keep" in line, line
+
+
+# ------------------------------------------------------------------------------------------ out of memory
+def memory_cgroup(limit_mb: int):
+    "A new memory cgroup limited to `limit_mb` (v2, or v1's memory controller): (its cgroup.procs, its folder)."
+    v2 = Path("/sys/fs/cgroup")
+    name = f"speclab-test-{uuid.uuid4().hex[:8]}"
+    controllers = (v2 / "cgroup.controllers").read_text().split() if (v2 / "cgroup.controllers").is_file() else []
+    if "memory" in controllers:
+        (v2 / "cgroup.subtree_control").write_text("+memory")
+        folder = v2 / name
+        folder.mkdir()
+        (folder / "memory.max").write_text(f"{limit_mb}M")
+    elif (v2 / "memory" / "cgroup.procs").is_file():
+        folder = v2 / "memory" / name
+        folder.mkdir()
+        (folder / "memory.limit_in_bytes").write_text(str(limit_mb << 20))
+    else:
+        pytest.skip("no writable memory cgroup here")
+    return folder / "cgroup.procs", folder
+
+
+def test_out_of_memory_is_named(lab, tmp_path):
+    """Under a memory cgroup (Gradescope's container has one: 768 MB by default) a cell that outgrows it is killed
+    by the kernel's OOM killer; the report says so and names the limit, instead of 'the notebook's process ended'.
+    The rest of the notebook is graded (q1 and q3 pass; the killed cell's q2 fails)."""
+    try:
+        procs, folder = memory_cgroup(400)
+    except OSError as e:
+        pytest.skip(f"cannot make a memory cgroup here: {e}")
+    sub = write_nb(tmp_path / "sub.ipynb", [*ANSWERS, "b = bytearray(1 << 30)\nb[::4096] = b'x' * len(b[::4096])\n"
+                                                     "status = 'blocked'"])
+    code = ("import json, sys; from speclab.grading import grade, load_lab, Limits; "
+            "limits = Limits(cell_seconds=60, test_seconds=20, total_seconds=300); "
+            "r = grade(sys.argv[1], load_lab(sys.argv[2]), limits); print(json.dumps([r.score, r.messages]))")
+
+    def join():
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+    try:
+        done = subprocess.run([sys.executable, "-c", code, str(sub), str(lab.path)], capture_output=True, text=True,
+                              timeout=300, preexec_fn=join, env={"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1"})
+    finally:
+        for _ in range(50):
+            try:
+                folder.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    score, messages = json.loads(done.stdout.splitlines()[-1])
+    assert score == 2.0, messages
+    assert any("code cell 3 was killed by the kernel's out-of-memory killer" in m and "400 MB" in m
+               for m in messages), messages
