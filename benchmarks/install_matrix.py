@@ -41,6 +41,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import urllib.parse
 import urllib.request
@@ -157,12 +158,21 @@ def installed(report: dict, sizes: dict) -> list:
 
 
 def torch_facts(venv: Path, cwd: Path) -> dict:
-    code = ("import json, torch, importlib.metadata as m\n"
-            "try: tv = m.version('triton')\nexcept m.PackageNotFoundError: tv = None\n"
+    "torch's version, CUDA version (None: a CPU build), file and its mtime; triton, transformers, numpy (or None)."
+    code = ("import json, os, torch, importlib.metadata as m\n"
+            "def v(name):\n"
+            "    try:\n        return m.version(name)\n    except m.PackageNotFoundError:\n        return None\n"
             "print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda, 'file': torch.__file__,"
-            " 'triton': tv, 'transformers': m.version('transformers'), 'numpy': m.version('numpy')}))")
-    r = run([venv / "bin" / "python", "-c", code], cwd=cwd, env=clean_env())
+            " 'mtime_ns': os.stat(torch.__file__).st_mtime_ns,"
+            " 'triton': v('triton'), 'transformers': v('transformers'), 'numpy': v('numpy')}))")
+    r = run([venv / "bin" / "python", "-W", "ignore", "-c", code], cwd=cwd, env=clean_env())
     return json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {"error": tail(r)}
+
+
+def same_torch(before: dict, after: dict) -> bool:
+    "The same torch: version, CUDA, file and modification time."
+    keys = ("version", "cuda", "file", "mtime_ns")
+    return "error" not in before and all(before.get(k) == after.get(k) for k in keys)
 
 
 def run_demo(venv: Path, cwd: Path) -> dict:
@@ -256,8 +266,30 @@ def constraints_dry_run(venv: Path, wheel: Path, cache: Path, cwd: Path) -> dict
     "Does `pip install -c constraints.txt WHEEL` resolve for this Python? (metadata only: --dry-run)"
     r = run(pip(venv, "install", "--dry-run", "--cache-dir", cache, "--progress-bar", "off",
                 "-c", ROOT / "constraints.txt", wheel), cwd=cwd, env=clean_env())
-    errors = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("ERROR")]
-    return {"ok": r.returncode == 0, "error": errors[0][:300] if errors else None}
+    out = (r.stdout + r.stderr).splitlines()
+    errors = [line for line in out if line.startswith("ERROR")]
+    # pip's explanation: the lines after "The conflict is caused by:", or the "Requires-Python" refusals
+    cause = [line.strip() for i, line in enumerate(out) if line.startswith("    ") and
+             any(x.startswith("The conflict is caused by") for x in out[max(0, i - 8):i])]
+    cause += [line.strip() for line in out if "Requires-Python" in line and not line.startswith("  ")]
+    return {"ok": r.returncode == 0, "error": errors[0][:300] if errors else None, "cause": cause[:6]}
+
+
+def recheck_constraints(result: dict, work: Path) -> None:
+    "Rerun each fresh row's constraints dry-run (in a bare venv of its Python) and store it in the row."
+    wheel = work / "dist" / result["wheel"]
+    if not wheel.exists():
+        wheel = build_wheel(work)
+    for row in result["rows"]:
+        if row.get("kind") != "fresh" or "python" not in row:
+            continue
+        venv, cwd = work / f"recheck-{row['python']}", work / "elsewhere"
+        cwd.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(venv, ignore_errors=True)
+        run([find_python(row["python"].rsplit(".", 1)[0]), "-m", "venv", "--without-pip", venv])
+        log(f"{row['row']}: pip install --dry-run -c constraints.txt")
+        row["constraints"] = constraints_dry_run(venv, wheel, work / "pip-cache-recheck", cwd)
+        shutil.rmtree(venv, ignore_errors=True)
 
 
 def one_row(spec: str, wheel: Path, work: Path, keep: bool) -> dict:
@@ -307,8 +339,8 @@ def one_row(spec: str, wheel: Path, work: Path, keep: bool) -> dict:
     row["pip_downloaded_torch"] = bool(re.search(r"^\s*(Downloading|Using cached) torch-", r.stdout, re.M))
     row["torch"] = torch_facts(venv, cwd)
     if before_torch is not None:
-        row["torch_kept"] = (before_torch == row["torch"] and not any(d["name"] == "torch" for d in dists)
-                             and not row["pip_downloaded_torch"])
+        row["torch_kept"] = (same_torch(before_torch, row["torch"]) and not row["pip_downloaded_torch"]
+                             and not any(d["name"] == "torch" for d in dists))
     log(f"{spec}: installed in {row['install_s']} s, {row['network_bytes'] / 1e6:.0f} MB over the network, "
         f"torch {row['torch'].get('version')}; running speclab demo")
     row["demo"] = run_demo(venv, cwd)
@@ -347,13 +379,41 @@ def table(rows: list) -> str:
         demo = (f"exit {d['rc']}, identical: {'yes' if d['identical'] else 'no'}, {d['speedup']}x"
                 if d["rc"] == 0 else f"exit {d['rc']}")
         c = r["constraints"]
-        cons = "resolves" if c["ok"] else f"fails: {(c['error'] or '')[:90].replace('|', '/')}"
+        cons = "resolves" if c["ok"] else "fails (why: below)"
         tri = "same tokens" if r["triton_backend"].get("ok") else "FAILED"
         srv = "same text, /metrics read" if r["serve"].get("ok") else "FAILED"
         lines.append(f"| {r['python']} | {r['kind']} | {r['install_s']} | {mb(r['wheels_bytes'])} | "
                      f"{mb(r['network_bytes'])} | {mb(r['local_disk_bytes'])} | {mb(r['venv_bytes'])} | {torch} | "
                      f"{t.get('triton')} | {demo} | {tri} | {srv} | {cons} |")
     return "\n".join(lines)
+
+
+def triton_versions(versions: list, work: Path) -> list:
+    """tests/test_kernels.py (Chapter 4's kernels against the torch reference, in Triton's interpreter) with each
+    Triton version in turn, put in front of this venv's own (`pip install --target`, PYTHONPATH): which versions
+    the kernels need, so the range in settings.ini starts at one that passes."""
+    out = []
+    for v in versions:
+        target = work / f"triton-{v}"
+        if not (target / "triton").is_dir():
+            r = run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", target,
+                     f"triton=={v}"], env=clean_env())
+            if r.returncode != 0:
+                out.append({"triton": v, "error": tail(r, 400)})
+                continue
+        log(f"tests/test_kernels.py with triton {v}")
+        t0 = time.monotonic()
+        r = run([sys.executable, "-m", "pytest", "tests/test_kernels.py", "-q", "-x", "-n", "0", "-p",
+                 "no:cacheprovider"], cwd=ROOT, env=clean_env(PYTHONPATH=str(target), TRITON_INTERPRET="1"),
+                timeout=1800)
+        text = r.stdout + r.stderr
+        passed = re.search(r"(\d+) passed", text)
+        failed = re.search(r"(\d+) failed", text)
+        first = next((line[2:].strip() for line in text.splitlines() if line.startswith("E ")), None)
+        out.append({"triton": v, "rc": r.returncode, "passed": int(passed[1]) if passed else 0,
+                    "failed": int(failed[1]) if failed else 0, "first_error": first,
+                    "seconds": round(time.monotonic() - t0, 1)})
+    return out
 
 
 def lscpu() -> str:
@@ -363,6 +423,18 @@ def lscpu() -> str:
     lines = [line for line in out if line.split(":")[0].strip() in keep]
     flags = next((line for line in out if line.startswith("Flags:")), "")
     return "\n".join(lines + [f"AVX-512 (avx512f flag): {'yes' if ' avx512f' in flags else 'no'}"])
+
+
+def pip_caps(config: list) -> str:
+    "What the constraint files of pip's configuration hold (they cap what every row could get), as a Markdown line."
+    caps = []
+    for line in config:
+        m = re.match(r"\S*constraint='([^']+)'", line)
+        if m and Path(m[1]).is_file():
+            pins = [x.strip() for x in Path(m[1]).read_text().splitlines() if x.strip() and not x.startswith("#")]
+            caps.append(f"`{m[1]}` holds {', '.join(f'`{x}`' for x in pins)}")
+    return ("- Every row ran under this machine's pip constraints: " + "; ".join(sorted(set(caps))) +
+            ": they cap what a row can install\n") if caps else ""
 
 
 def render(result: dict, out: Path) -> None:
@@ -380,13 +452,15 @@ Written by `benchmarks/install_matrix.py` (issue 39) from `benchmarks/install_ma
 {lscpu()}
 ```
 
-- Command: `.venv/bin/python benchmarks/install_matrix.py` (background: `nohup ... &`, about an hour)
+- Command: `.venv/bin/python benchmarks/install_matrix.py` (in the background, `nohup ... &`: 20 minutes here)
 - Wheel: `{result["wheel"]}`, built with `python -m build --wheel` from the committed tree
 - pip: {result["pip"]} (one pip for every row: `pip --python VENV/bin/python install`); its configuration here:
 {chr(10).join("  - `" + line + "`" for line in result["pip_config"])}
-
+{pip_caps(result["pip_config"])}
 {table(rows)}
 
+- *pip install (s)*: the wall time of `pip install` of the wheel, downloads included, on a machine other work shared.
+  pip's HTTP cache stays empty here (the package mirror sends no caching headers), so every row fetched anew.
 - *wheels installed*: every distribution pip installed, at its wheel's size; *over the network*: the part fetched
   from the package index; *from local disk*: the part found in this machine's local indexes and find-links folder
   (pip's configuration above). A user without those fetches all of it.
@@ -404,14 +478,23 @@ Written by `benchmarks/install_matrix.py` (issue 39) from `benchmarks/install_ma
 """
     for r in rows:
         if r.get("constraints") and not r["constraints"]["ok"]:
-            body += f"\n`-c constraints.txt` on Python {r['python']}: `{r['constraints']['error']}`\n"
+            why = "; ".join(r["constraints"].get("cause") or []) or r["constraints"]["error"]
+            body += "\n" + textwrap.fill(f"`-c constraints.txt` on Python {r['python']} fails: {why}", 118) + "\n"
         if r.get("kind") == "floor" and "installed" in r:
             names = ("numpy", "scipy", "matplotlib", "tqdm", "torch", "triton", "transformers", "pydantic", "fastapi",
                      "uvicorn", "prometheus_client", "prometheus-client", "httpx")
             got = ", ".join(f"{d['name']} {d['version']}" for d in r["installed"] if d["name"] in names)
-            body += f"\nThe floor row installed: {got}.\n"
+            body += "\n" + textwrap.fill(f"The floor row installed: {got}.", 118) + "\n"
         if "error" in r:
             body += f"\nRow {r['row']} failed: `{r['error'][:400]}`\n"
+    if result.get("triton_versions"):
+        body += ("\n## Triton versions and Chapter 4's kernels\n\n`tests/test_kernels.py` in Triton's interpreter, "
+                 "each Triton in front of the CI venv's own\n(`--triton-versions`; torch 2.13.0+cpu, numpy of "
+                 "constraints.txt; `-x`: it stops at the first failure):\n\n"
+                 "| triton | passed | failed | first error |\n|---|---|---|---|\n")
+        for x in result["triton_versions"]:
+            err = (x.get("first_error") or x.get("error") or "").replace("|", "/")[:110]
+            body += f"| {x['triton']} | {x.get('passed', '')} | {x.get('failed', '')} | {err} |\n"
     out.write_text(body)
 
 
@@ -421,9 +504,26 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a new one under /tmp)")
     ap.add_argument("--wheel", type=Path, default=None, help="a built speclab wheel (default: build one)")
     ap.add_argument("--keep", action="store_true", help="keep each row's venv")
+    ap.add_argument("--merge", action="store_true", help="keep --out's other rows; replace those run again")
+    ap.add_argument("--triton-versions", default=None,
+                    help="only run tests/test_kernels.py with each of these Triton versions (e.g. 3.6.0,3.7.1), "
+                         "into --out's JSON and .md (stop at the first failure: -x)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "install_matrix.json")
     ap.add_argument("--render", action="store_true", help="only write the .md beside --out from its JSON")
+    ap.add_argument("--recheck-constraints", action="store_true",
+                    help="only rerun the fresh rows' `-c constraints.txt` dry-runs, into --out's JSON and .md")
     args = ap.parse_args()
+    if args.triton_versions:
+        result = json.loads(args.out.read_text())
+        work = args.work or Path(tempfile.mkdtemp(prefix="speclab-install-matrix-"))
+        result["triton_versions"] = triton_versions(args.triton_versions.split(","), work)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        args.render = True
+    if args.recheck_constraints:
+        result = json.loads(args.out.read_text())
+        recheck_constraints(result, args.work or Path(tempfile.mkdtemp(prefix="speclab-install-matrix-")))
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        args.render = True
     if args.render:
         render(json.loads(args.out.read_text()), args.out.with_suffix(".md"))
         return 0
@@ -435,6 +535,7 @@ def main() -> int:
               "pip": run([sys.executable, "-m", "pip", "--version"]).stdout.split(" from ")[0],
               "pip_config": run([sys.executable, "-m", "pip", "config", "list"]).stdout.splitlines(),
               "wheel": wheel.name, "rows": []}
+    earlier = json.loads(args.out.read_text())["rows"] if args.merge and args.out.exists() else []
     for spec in args.rows.split(","):
         try:
             row = one_row(spec.strip(), wheel, work, args.keep)
@@ -442,7 +543,10 @@ def main() -> int:
             row = {"row": spec, "kind": spec.split(":")[-1], "python": spec.split(":")[0],
                    "error": f"{type(e).__name__}: {e}"}
         result["rows"].append(row)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")   # after every row: a killed run keeps what it had
+        done = {r["row"] for r in result["rows"]}
+        merged = {**result, "rows": [r for r in earlier if r["row"] not in done] + result["rows"]}
+        args.out.write_text(json.dumps(merged, indent=1) + "\n")   # after every row: a killed run keeps what it had
+    result = merged
     render(result, args.out.with_suffix(".md"))
     print(table(result["rows"]))
     return 0 if all("error" not in r for r in result["rows"]) else 1

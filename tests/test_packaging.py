@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
-from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
@@ -27,8 +26,9 @@ NBDEV_PINS = {"nbdev": "2.4.14", "fastcore": "1.14.5", "execnb": "0.1.18", "ghap
 HEADER = """\
 # The exact versions CI runs (`pip install -c constraints.txt -e ".[dev]"`, the README's set-up command): speclab's
 # requirements, its dev, docs and instructor extras and everything they pull in, as installed in CI's venv on
-# Python {python}. settings.ini holds the ranges a user's `pip install speclab` accepts. torch==X matches this
-# machine's CPU wheel (X+cpu, found through pip's configuration) and PyPI's CUDA build alike.
+# Python {python}. settings.ini holds the ranges a user's `pip install speclab` accepts. torch==X takes the CPU wheel
+# X+cpu where pip's configuration finds one (it sorts above PyPI's X, a CUDA build whose triton pin may conflict
+# with the triton below): elsewhere install PyTorch's CPU build of torch X first.
 # Regenerate after a deliberate upgrade: .venv/bin/python tests/test_packaging.py
 """
 
@@ -146,6 +146,35 @@ def test_speclab_imports_triton_only_for_the_kernels():
     assert not bad, f"these modules import triton at the top: {bad}"
 
 
+def third_party_imports() -> dict:
+    "{top-level module: [speclab files]} of every import in speclab/*.py that is neither stdlib nor speclab."
+    import ast
+    found = {}
+    for path in sorted((ROOT / "speclab").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for top in {n.split(".")[0] for n in names} - set(sys.stdlib_module_names) - {"speclab"}:
+                found.setdefault(top, []).append(path.name)
+    return found
+
+
+def test_every_import_comes_with_the_library():
+    """Every third-party module speclab's code imports is installed by `pip install speclab` alone (a requirement, or
+    one of theirs), never only by an extra: pydantic, used directly by Chapter 11, was missing before issue 39."""
+    from importlib.metadata import packages_distributions
+    owners, runtime = packages_distributions(), set(closure(extras=()))
+    direct = {canonicalize_name(r.name) for r in requirements()}
+    missing = {m: files for m, files in third_party_imports().items()
+               if not {canonicalize_name(d) for d in owners.get(m, [m])} & (runtime | direct)}
+    assert not missing, f"imported by speclab, not installed with it (add to settings.ini's requirements): {missing}"
+    assert "pydantic" in direct, "speclab.serve uses pydantic 2's API (model_dump, ConfigDict): declare pydantic>=2"
+
+
 def test_nbdev_trio_stays_exact():
     "nbdev 2.4.14 works only with these exact versions (design.md): the dev extra pins them, and so does CI."
     dev = {canonicalize_name(r.name): str(r.specifier) for r in requirements("dev_requirements")}
@@ -193,14 +222,23 @@ def test_python_requires_is_min_python():
     assert f'requires-python=">={low}"' in (ROOT / "pyproject.toml").read_text(encoding="utf-8")
 
 
+def passed(row: dict) -> bool:
+    "A matrix row whose install, demo (greedy outputs identical), Triton kernels and server all passed."
+    return ("error" not in row and row["install_rc"] == 0 and row["demo"]["rc"] == 0 and row["demo"]["identical"]
+            and row["triton_backend"]["ok"] and row["serve"]["ok"])
+
+
+def matrix_rows() -> list:
+    if not MATRIX.exists():
+        pytest.fail(f"{MATRIX.relative_to(ROOT)} is missing: run benchmarks/install_matrix.py")
+    return json.loads(MATRIX.read_text(encoding="utf-8"))["rows"]
+
+
 def test_claimed_pythons_were_measured():
     """Every Python the classifiers claim has a `fresh` row in the install matrix where the wheel installed and
     `speclab demo` passed, and min_python is the oldest such Python: no claim without a measurement."""
-    if not MATRIX.exists():
-        pytest.fail(f"{MATRIX.relative_to(ROOT)} is missing: run benchmarks/install_matrix.py")
-    rows = json.loads(MATRIX.read_text(encoding="utf-8"))["rows"]
-    ok = {".".join(r["python"].split(".")[:2]) for r in rows if r.get("kind") == "fresh" and "error" not in r
-          and r["demo"]["rc"] == 0 and r["demo"]["identical"]}
+    rows = matrix_rows()
+    ok = {".".join(r["python"].split(".")[:2]) for r in rows if r.get("kind") == "fresh" and passed(r)}
     claimed = [c.rsplit(" ", 1)[1] for c in SETUP["classifiers"]
                if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)]
     assert set(claimed) <= ok, f"claimed but not measured to work: {sorted(set(claimed) - ok)}"
@@ -208,13 +246,32 @@ def test_claimed_pythons_were_measured():
 
 
 def test_matrix_kept_a_users_torch():
-    "The matrix's torch-kept row: a venv that already had torch kept it (same version and file, none downloaded)."
-    if not MATRIX.exists():
-        pytest.fail(f"{MATRIX.relative_to(ROOT)} is missing: run benchmarks/install_matrix.py")
-    rows = [r for r in json.loads(MATRIX.read_text(encoding="utf-8"))["rows"] if r.get("kind") == "torch-kept"]
+    """The matrix's torch-kept row: a venv that already had torch kept it (same version, build, file and mtime;
+    pip neither installed nor downloaded a torch), and speclab worked beside it."""
+    rows = [r for r in matrix_rows() if r.get("kind") == "torch-kept"]
     assert len(rows) == 1, f"want one torch-kept row in {MATRIX.name}, found {len(rows)}"
     row = rows[0]
-    assert row.get("torch_kept") is True and row["torch_before"] == row["torch"], row.get("error", row.get("torch"))
+    assert row.get("torch_kept") is True and passed(row), row.get("error", row.get("torch"))
+    before, after = row["torch_before"], row["torch"]
+    assert all(before[k] == after[k] for k in ("version", "cuda", "file", "mtime_ns")), (before, after)
+    assert "torch" not in {d["name"] for d in row["installed"]} and not row["pip_downloaded_torch"]
+
+
+def test_matrix_ran_the_lower_bounds():
+    """The matrix's floor row installed, for every library requirement, the minor release of settings.ini's lower
+    bound (torch: the script's stated exception), and passed: a bound moved without a new measurement fails here."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("install_matrix", ROOT / "benchmarks" / "install_matrix.py")
+    im = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(im)
+    rows = [r for r in matrix_rows() if r.get("kind") == "floor"]
+    assert len(rows) == 1 and passed(rows[0]), rows and {k: rows[0].get(k) for k in ("error", "demo", "serve")}
+    got = {canonicalize_name(d["name"]): d["version"] for d in rows[0]["installed"]}
+    for r in requirements():
+        low = next(s.version for s in r.specifier if s.operator == ">=")
+        series = im.FLOOR_OVERRIDES.get(r.name, low if "." in low else low + ".0")
+        name = canonicalize_name(r.name)
+        assert name in got and Version(got[name]).release[:2] == Version(series).release[:2], (r, got.get(name))
 
 
 # ------------------------------------------------------------------------------------------------ the README
