@@ -207,10 +207,10 @@ def test_stream_options_refuse_what_they_cannot_honour(client, options, param):
     assert e.value.body["param"] == param and param in e.value.body["message"], e.value.body
 
 
-@pytest.mark.parametrize("field, value", [("temperature", "0.5"), ("max_tokens", "8"), ("top_p", "1"), ("n", 1.0),
+@pytest.mark.parametrize("field, value", [("temperature", "0.5"), ("max_tokens", "8"), ("top_p", "1"), ("n", 1.5),
                                           ("seed", "3"), ("echo", "true"), ("logprobs", True)])
 def test_numbers_and_bools_are_strict(client, field, value):
-    "Issue 39: a string (or a float, or a bool) where the API wants a number or a bool is a 400 naming the field."
+    "Issue 39: a string, a fraction or a bool where the API wants a number or a bool is a 400 naming the field."
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MODEL, prompt=PROMPT, **{"max_tokens": 4, field: value})
     assert e.value.body["param"] == field and field in e.value.body["message"], e.value.body

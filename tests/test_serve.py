@@ -619,3 +619,47 @@ def test_kv_cache_usage_and_inter_token_latency(client, server):
         assert after[name].type == vllm[name].type
         assert [s.labels.get("le") for s in after[name].samples if s.name.endswith("_bucket")] == \
             [s.labels.get("le") for s in vllm[name].samples if s.name.endswith("_bucket")]
+
+
+FUZZ_FINDINGS = [   # what tests/test_schema_fuzz.py found (issue 39), each a request and what it must get now
+    ({"": {}, "prompt": "x"}, 400, '""'),                                    # was param "" (an empty name, unnamed)
+    (b'7\xff\xfe$\x80', 400, "body"),                                       # was param null (FastAPI's own 400)
+    ({"prompt": "0", "repetition_penalty": 5e-324}, 400, "repetition_penalty"),   # was a 500 (NaN probabilities)
+    ({"prompt": "0", "repetition_penalty": 1e300}, 400, "repetition_penalty"),
+    ({"prompt": "x", "top_k": 336435326713160886520905728, "max_tokens": 4}, 200, None),   # was a 400 blaming prompt
+    ({"prompt": "x", "temperature": 1e-40, "max_tokens": 4}, 200, None),   # was a 500 (below float32: vLLM's greedy)
+    ({"prompt": [5.0, 6.0], "n": 1.0, "max_tokens": 4.0, "allowed_token_ids": [7.0, 8]}, 200, None),   # JSON's 2.0 is 2
+    ({"prompt": "x", "n": 1.5}, 400, "n"),
+    ({"prompt": "", "max_tokens": 4}, 400, "prompt"),
+]
+
+
+@pytest.mark.parametrize("body, status, param", FUZZ_FINDINGS)
+def test_fuzz_findings(client, body, status, param):
+    "The schema fuzzer's findings, kept as plain requests: the status, and the field a 400 names."
+    if isinstance(body, bytes):
+        r = client.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+    else:
+        r = client.post("/v1/completions", json=body)
+    assert r.status_code == status, r.text
+    if status == 400:
+        assert r.json()["error"]["param"] == param and param.strip('"') in r.json()["error"]["message"], r.text
+    else:
+        assert r.json()["usage"]["completion_tokens"] == 4
+
+
+def test_greedy_below_sampling_eps(client):
+    "A temperature below vLLM's 1e-5 is greedy, as in vLLM: the same text as temperature 0."
+    tiny = complete(client, prompt=PROMPTS[0], max_tokens=12, temperature=1e-40, seed=3)
+    assert tiny["choices"][0]["text"] == complete(client, prompt=PROMPTS[0], max_tokens=12,
+                                                  temperature=0)["choices"][0]["text"]
+
+
+def test_stream_schema_describes_events(client):
+    """Schemathesis reads a text/event-stream `schema` (OpenAPI before 3.2) as one event, {data, event}: the schema
+    says so (it said `string`, and every streamed 200 failed its check)."""
+    app_schema = client.get("/openapi.json").json()
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        event = app_schema["paths"][path]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+        assert (event["type"], event["required"], event["properties"]["data"]) == ("object", ["data"],
+                                                                                  {"type": "string"})
