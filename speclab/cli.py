@@ -570,7 +570,8 @@ def cmd_grade(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if path.is_dir():
         out = Path(args.out or "grades.csv")
-        reports = grade_folder(path, lab, out, practice=practice, progress=args.progress)
+        with user_input("grade"):                    # a --out the grader refuses to hide: one line, no traceback
+            reports = grade_folder(path, lab, out, practice=practice, progress=args.progress)
         for r in reports:
             print(f"{tag}{Path(r.submission).name}: {r.score:g} / {r.max_score:g}")
         print(f"{tag}{len(reports)} submissions graded; grades written to {out}")

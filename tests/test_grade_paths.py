@@ -327,3 +327,16 @@ def test_out_of_memory_is_named(lab, tmp_path):
     assert score == 2.0, messages
     assert any("code cell 3 was killed by the kernel's out-of-memory killer" in m and "400 MB" in m
                for m in messages), messages
+
+
+def test_folder_mode_refuses_an_out_inside_the_environment_in_one_line(tmp_path):
+    "`speclab grade FOLDER --out .venv/grades.csv` would hide the environment: one line on stderr, status 2."
+    venv = Path(sys.prefix)
+    write_nb(tmp_path / "subs" / "a.ipynb", ["x = 1"])
+    run = subprocess.run([sys.executable, "-c", CLI, "grade", str(tmp_path / "subs"), "--lab",
+                          str(ROOT / "labs" / "08_acceptance"), "--out", str(venv / "grades.csv")],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith("speclab grade: error: hide must not be a folder the student's Python runs from")
+    assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
+    assert not (venv / "grades.csv").exists()
