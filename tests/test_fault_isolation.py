@@ -195,3 +195,45 @@ def test_the_empty_row_marker_never_reaches_the_tokens(x_id):
     outs = eng.generate([PROMPT] * 3, [sp, replace(sp, seed=2), replace(sp, temperature=0.0)])
     assert all(t >= 0 and t != NO_VALID_TOKEN_ID for o in outs for t in o.token_ids)
     assert torch.tensor([len(o.token_ids) for o in outs]).eq(1).all()
+
+
+def test_through_the_server_a_fault_and_the_issues_requests_end_alone(x_id):
+    """Issue 39's requests and a planted sampler fault sent at once with greedy neighbours, over HTTP: the fault is a
+    500, the contradictions are 400s naming their field, the neighbours get their greedy text, and the server goes on
+    serving with every block free."""
+    import asyncio
+
+    import httpx
+
+    from speclab.serve import EngineLoop, ServerThread, build_app
+    eng = engine("draft")
+    plant_sampler(eng)
+    greedy = {"max_tokens": 8, "temperature": 0}
+    issue = {"prompt": PROMPT, "max_tokens": 6, "temperature": 1, "seed": 1, "allowed_token_ids": [x_id]}
+    bodies = [{"prompt": PROMPT, "max_tokens": 7, "temperature": 0.7, "seed": 2},       # the planted fault
+              {**issue, "bad_words": [" x"]},                                          # refused at the edge
+              {**issue, "bad_words": [" x x"]},                                        # empties after one token
+              {**issue, "bad_words": [" x x"], "temperature": 0},                      # was EOS, silently
+              {**issue, "allowed_token_ids": [x_id, 0], "min_tokens": 3, "bad_words": [" x"]},
+              *[{"prompt": p, **greedy} for p in NEIGHBOURS]]
+    want = [o.text for o in engine("draft").generate(NEIGHBOURS, SamplingParams(temperature=0, max_tokens=8))]
+    lp = EngineLoop(eng)
+    with ServerThread(build_app(lp, "tiny")) as srv:
+        async def main():
+            async with httpx.AsyncClient(base_url=srv.url, timeout=300) as c:
+                return await asyncio.gather(*[c.post("/v1/completions", json=b) for b in bodies])
+        replies = asyncio.run(main())
+        again = httpx.post(f"{srv.url}/v1/completions", json={"prompt": NEIGHBOURS[0], **greedy}, timeout=300)
+        health = httpx.get(f"{srv.url}/health", timeout=60)
+    fault, edge, empty, empty_greedy, with_min, *neighbours = replies
+    assert fault.status_code == 500 and "RuntimeError: planted sampler fault" in fault.json()["error"]["message"]
+    assert (edge.status_code, edge.json()["error"]["param"]) == (400, "bad_words")
+    assert (with_min.status_code, with_min.json()["error"]["param"]) == (400, "min_tokens")
+    for r in (empty, empty_greedy):
+        assert (r.status_code, r.json()["error"]["param"]) == (400, "allowed_token_ids"), r.text
+        assert "output position 1" in r.json()["error"]["message"]
+    assert [r.status_code for r in neighbours] == [200] * len(NEIGHBOURS)
+    assert [r.json()["choices"][0]["text"] for r in neighbours] == want
+    assert again.status_code == 200 and again.json()["choices"][0]["text"] == want[0]
+    assert health.status_code == 200
+    assert eng.block_manager.free_blocks == eng.block_manager.num_blocks       # the engine thread has stopped
