@@ -25,7 +25,7 @@ from speclab.train import tiny_pair_path
 pytestmark = pytest.mark.xdist_group("schema_fuzz")   # one worker: one server for the module
 
 MODEL = "speclab-tiny"
-EXAMPLES = 100                     # per operation and generation mode: the file's budget (about a minute, 2 cores)
+EXAMPLES = 80                     # per operation and generation mode: the file's budget (about a minute, 2 cores)
 MAX_TOKENS = 64                     # a valid max_tokens above this is lowered to it: time (about 7 ms a token here)
 SEEN = Counter()                    # (operation, status) of every answer, for the check that the fuzz got through
 
