@@ -433,8 +433,8 @@ def pip_caps(config: list) -> str:
         if m and Path(m[1]).is_file():
             pins = [x.strip() for x in Path(m[1]).read_text().splitlines() if x.strip() and not x.startswith("#")]
             caps.append(f"`{m[1]}` holds {', '.join(f'`{x}`' for x in pins)}")
-    return ("- Every row ran under this machine's pip constraints: " + "; ".join(sorted(set(caps))) +
-            ": they cap what a row can install\n") if caps else ""
+    line = "- Every row ran under this machine's pip constraints: " + "; ".join(sorted(set(caps)))
+    return textwrap.fill(line + ": they cap what a row can install", 118, subsequent_indent="  ") + "\n" if caps else ""
 
 
 def render(result: dict, out: Path) -> None:
