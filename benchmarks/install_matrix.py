@@ -434,7 +434,9 @@ def pip_caps(config: list) -> str:
             pins = [x.strip() for x in Path(m[1]).read_text().splitlines() if x.strip() and not x.startswith("#")]
             caps.append(f"`{m[1]}` holds {', '.join(f'`{x}`' for x in pins)}")
     line = "- Every row ran under this machine's pip constraints: " + "; ".join(sorted(set(caps)))
-    return textwrap.fill(line + ": they cap what a row can install", 118, subsequent_indent="  ") + "\n" if caps else ""
+    if not caps:
+        return ""
+    return textwrap.fill(line + ": they cap what a row can install", 118, subsequent_indent="  ") + "\n"
 
 
 def render(result: dict, out: Path) -> None:
