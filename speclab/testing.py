@@ -369,8 +369,11 @@ def audit_pair(max_num_seqs: int = 16, seed: int = 0, kappa: int = 3) -> Iterato
     plain = EngineLoop(load_engine(target, None, kappa=0, max_num_seqs=max_num_seqs, seed=seed + 1))
 
     def set_fault(fault: str | None) -> None:
-        "Plant `fault` in the speculative server's engine, between two steps (None: the correct engine)."
-        spec.call(lambda engine: plant_fault(engine, fault)).result(timeout=60)
+        "Plant `fault` in the speculative server's engine once it is idle, between audits (None: the correct engine)."
+        deadline = time.monotonic() + 60
+        while spec.inspect().unfinished and time.monotonic() < deadline:   # read on the engine thread (Inspect)
+            time.sleep(0.01)
+        plant_fault(spec.engine, fault)          # an idle engine thread waits for a command: nothing steps meanwhile
     with ServerThread(build_app(spec, "speclab-tiny")) as a, ServerThread(build_app(plain, "speclab-tiny")) as b:
         yield a.url, b.url, set_fault
 
