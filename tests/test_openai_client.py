@@ -240,6 +240,21 @@ def test_special_tokens_are_not_text(client, reference, stream):
     got = client.completions.create(model=MODEL, prompt=PROMPT, stop=[stop], extra_body={"ignore_eos": True}, **body)
     assert texts_of(got, stream) == {0: cut.text} and cut.finish_reason == "stop" and stop not in cut.text
 
+    kept = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0, stream=stream,
+                                     logit_bias={"0": 100},
+                                     extra_body={"ignore_eos": True, "skip_special_tokens": False})
+    assert texts_of(kept, stream) == {0: "<|endoftext|>" * 20}      # asked for: the special tokens are text
+
+
+def test_the_engine_maps_what_the_server_maps():
+    "SamplingParams itself (generate, not only the server): greedy below vLLM's epsilon, top_k clamped, a penalty range."
+    from speclab.engine import TOP_K_ALL
+    assert SamplingParams(temperature=1e-40).greedy and SamplingParams(top_k=10 ** 30).top_k == TOP_K_ALL
+    with pytest.raises(ValueError, match="^repetition_penalty must lie in"):
+        SamplingParams(repetition_penalty=5e-324)
+    with pytest.raises(TypeError, match="^skip_special_tokens must be True or False"):
+        SamplingParams(skip_special_tokens=0)
+
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
