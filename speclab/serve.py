@@ -1145,6 +1145,7 @@ class StatsCollector:
 
 # %% ../nbs/11_serve.ipynb #310e86e0
 class ErrorInfo(BaseModel):
+    "An error body's `error`: what went wrong, its kind, the field at fault, the HTTP status."
     message: str
     type: str
     param: str | None                       # the field at fault (a path: stream_options.foo, messages.[0].content)
@@ -1155,17 +1156,20 @@ class ErrorResponse(BaseModel):
     error: ErrorInfo
 
 class UsageInfo(BaseModel):
+    "Token counts of a response (OpenAI's `usage`)."
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
 
 class CompletionLogprobs(BaseModel):
+    "OpenAI's completions `logprobs`: per output token its text, log-prob, offset and top alternatives."
     tokens: list[str]
     token_logprobs: list[float | None]
     top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 class SpecDecodeStats(BaseModel):
+    "speclab's per-response speculation figures: drafting steps, tokens drafted and accepted."
     num_drafts: int
     num_draft_tokens: int
     num_accepted_tokens: int
@@ -1173,6 +1177,7 @@ class SpecDecodeStats(BaseModel):
     acceptance_rate: float
 
 class CompletionChoice(BaseModel):
+    "One choice of a /v1/completions response."
     index: int
     text: str
     logprobs: CompletionLogprobs | None
@@ -1190,21 +1195,26 @@ class CompletionResponse(BaseModel):
     usage: UsageInfo
 
 class TokenLogprob(BaseModel):
+    "A token and its log-prob (chat's logprobs entries and their alternatives)."
     token: str
     logprob: float
     bytes: list[int]
 
 class ChatTokenLogprob(TokenLogprob):
+    "A chat logprobs entry: the token, its log-prob and its top alternatives."
     top_logprobs: list[TokenLogprob]
 
 class ChatLogprobs(BaseModel):
+    "Chat's `logprobs`: one entry per output token."
     content: list[ChatTokenLogprob]
 
 class ChatMessage(BaseModel):
+    "The assistant's message of a chat choice."
     role: Literal["assistant"]
     content: str
 
 class ChatChoice(BaseModel):
+    "One choice of a /v1/chat/completions response."
     index: int
     message: ChatMessage
     logprobs: ChatLogprobs | None
@@ -1221,6 +1231,7 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
 
 class ModelCard(BaseModel):
+    "One model served, as /v1/models lists it."
     id: str
     object: Literal["model"]
     created: int
@@ -1230,6 +1241,7 @@ class ModelCard(BaseModel):
     max_model_len: int | None
 
 class ModelList(BaseModel):
+    "The /v1/models response."
     object: Literal["list"]
     data: list[ModelCard]
 
