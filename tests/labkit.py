@@ -5,6 +5,7 @@ course autograder."""
 import importlib.util
 import json
 import re
+import textwrap
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -111,3 +112,20 @@ def student_text(lab: Lab) -> str:
     "The student's notebook and public test files as one text."
     nb = "\n".join(src(c) for c in cells(lab.student / lab.notebook))
     return nb + "\n" + "\n".join(p.read_text() for p in sorted((lab.student / "tests").glob("*.py")))
+
+
+def notebook(cells, name="tiny-lab", language="python") -> dict:
+    "A minimal nbformat-4 notebook with these code cells (the grader's tests: tests/test_grading*.py, test_grade_paths)."
+    return {"nbformat": 4, "nbformat_minor": 5,
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": language},
+                         "language_info": {"name": language}, "otter": {"assignment_name": name}},
+            "cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+                       "source": textwrap.dedent(c)} for c in cells]}
+
+
+def ok_file(name, cases) -> str:
+    "An OK-format test file: cases are (code, hidden); one point each."
+    test = {"name": name, "points": [1] * len(cases),
+            "suites": [{"cases": [{"code": c, "hidden": h, "locked": False} for c, h in cases],
+                        "scored": True, "setup": "", "teardown": "", "type": "doctest"}]}
+    return "OK_FORMAT = True\n\ntest = " + repr(test) + "\n"

@@ -121,20 +121,20 @@ def test_contradictions_seen_in_the_fields_are_refused_before_queueing(temperatu
     assert out.finish_reason == "length" and set(out.token_ids) == {x_id}
 
 
-class FaultyNgram(NgramDrafter):
-    "Planted: n-gram drafting raises whenever a request of `max_tokens` 7 is in the batch."
+class Faulty:
+    "Planted, before a drafter in the bases: drafting raises whenever a request of `max_tokens` 7 is in the batch."
     def propose(self, batch, kappas):
         if any(r.params.max_tokens == 7 for r in batch):
             raise RuntimeError("planted drafting fault")
         return super().propose(batch, kappas)
 
 
-class FaultyModel(ModelDrafter):
-    "Planted: the draft model raises whenever a request of `max_tokens` 7 is in the batch."
-    def propose(self, batch, kappas):
-        if any(r.params.max_tokens == 7 for r in batch):
-            raise RuntimeError("planted drafting fault")
-        return super().propose(batch, kappas)
+class FaultyNgram(Faulty, NgramDrafter):
+    "n-gram lookup, planted."
+
+
+class FaultyModel(Faulty, ModelDrafter):
+    "The draft model, planted."
 
 
 def plant_drafter(eng: SpecDecoder) -> None:

@@ -17,13 +17,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
+from labkit import notebook, ok_file
 
 from speclab import grading
 from speclab.grading import Limits, grade, load_lab, sandbox_problem
@@ -37,34 +37,17 @@ CLI = "import sys; from speclab.cli import main; sys.exit(main())"
 SITE_PACKAGES = Path(np.__file__).resolve().parent.parent          # this environment's (numpy, the editable speclab)
 
 
-def notebook(cells, name="paths-lab"):
-    "A minimal nbformat-4 notebook with these code cells."
-    return {"nbformat": 4, "nbformat_minor": 5,
-            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
-                         "language_info": {"name": "python"}, "otter": {"assignment_name": name}},
-            "cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
-                       "source": textwrap.dedent(c)} for c in cells]}
-
-
 def write_nb(path: Path, cells) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(notebook(cells)), encoding="utf-8")
+    path.write_text(json.dumps(notebook(cells, "paths-lab")), encoding="utf-8")
     return path
-
-
-def ok_file(name, cases):
-    "An OK-format test file: cases are (code, hidden); one point each."
-    test = {"name": name, "points": [1] * len(cases),
-            "suites": [{"cases": [{"code": c, "hidden": h, "locked": False} for c, h in cases],
-                        "scored": True, "setup": "", "teardown": "", "type": "doctest"}]}
-    return "OK_FORMAT = True\n\ntest = " + repr(test) + "\n"
 
 
 def make_lab(root: Path):
     "Three points: `answer` (public), `status == 'blocked'` (public), `double` (hidden)."
     tests = root / "autograder" / "tests"
     tests.mkdir(parents=True)
-    (root / "autograder" / "paths.ipynb").write_text(json.dumps(notebook(["x = 1"])), encoding="utf-8")
+    (root / "autograder" / "paths.ipynb").write_text(json.dumps(notebook(["x = 1"], "paths-lab")), encoding="utf-8")
     (tests / "q1.py").write_text(ok_file("q1", [(">>> answer\n42", False)]))
     (tests / "q2.py").write_text(ok_file("q2", [(">>> status\n'blocked'", False)]))
     (tests / "q3.py").write_text(ok_file("q3", [(">>> double(3)\n6", True)]))

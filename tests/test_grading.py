@@ -19,12 +19,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from labkit import notebook, ok_file
 
 from speclab import grading
 from speclab.grading import Limits, grade, load_lab, read_submission, sandbox_problem
@@ -41,28 +41,11 @@ FAST = Limits(cell_seconds=10, test_seconds=10, total_seconds=120, memory_bytes=
 
 
 # ----------------------------------------------------------------------------------------------------- helpers
-def notebook(cells, name="tiny-lab", language="python"):
-    "A minimal nbformat-4 notebook with these code cells."
-    return {"nbformat": 4, "nbformat_minor": 5,
-            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": language},
-                         "language_info": {"name": language}, "otter": {"assignment_name": name}},
-            "cells": [{"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
-                       "source": textwrap.dedent(c)} for c in cells]}
-
-
 def write_nb(folder, filename, cells, **kw) -> Path:
     path = Path(folder) / filename
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(notebook(cells, **kw)), encoding="utf-8")
     return path
-
-
-def ok_file(name, cases):
-    "An OK-format test file: cases are (code, hidden); one point each."
-    test = {"name": name, "points": [1] * len(cases),
-            "suites": [{"cases": [{"code": c, "hidden": h, "locked": False} for c, h in cases],
-                        "scored": True, "setup": "", "teardown": "", "type": "doctest"}]}
-    return "OK_FORMAT = True\n\ntest = " + repr(test) + "\n"
 
 
 # The tiny lab: q1 (public `answer`, hidden `double`), q2 (public `status`: a hostile cell reports there what its
