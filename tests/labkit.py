@@ -115,7 +115,7 @@ def student_text(lab: Lab) -> str:
 
 
 def notebook(cells, name="tiny-lab", language="python") -> dict:
-    "A minimal nbformat-4 notebook with these code cells (the grader's tests: tests/test_grading*.py, test_grade_paths)."
+    "A minimal nbformat-4 notebook with these code cells (test_grading.py, test_grade_paths.py)."
     return {"nbformat": 4, "nbformat_minor": 5,
             "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": language},
                          "language_info": {"name": language}, "otter": {"assignment_name": name}},
