@@ -29,14 +29,16 @@ ROOT_HASH = b""  # the parent key of every sequence's first block
 
 @dataclass(eq=False)
 class Request:
-    """A request's one record: its tokens, the drafts in flight, and its place in the paged pool. An engine extends it
+    """A request's one record: its tokens, the step in flight, and its place in the paged pool. An engine extends it
     with its own fields (Chapter 8's `RequestState`); each field below names its one writer."""
     req_id: Hashable                   # set once, by whoever makes the record
     token_ids: list                    # the prompt (set by whoever makes the record), then every emitted token:
                                        # only BlockManager.commit appends
     _: KW_ONLY
-    spec_tokens: list | None = None    # the drafts of the step in flight, None between steps: BlockManager
-    num_computed_tokens: int = 0       # positions whose K/V are cached, drafts counted until commit: BlockManager
+    num_lookahead_tokens: int | None = None   # draft slots reserved past the finalized tokens for the step in
+                                              # flight, None between steps: BlockManager
+    num_computed_tokens: int = 0       # positions whose K/V are cached, the step in flight counted until commit:
+                                       # BlockManager
     block_ids: list = field(default_factory=list)      # the block table (FREED: dropped by the window): BlockManager
     block_hashes: list = field(default_factory=list)   # key of each full block of token_ids, in order: BlockManager
     num_cached_blocks: int = 0         # leading blocks already offered to the prefix cache: BlockManager
@@ -47,7 +49,7 @@ class Request:
         return len(self.token_ids)
 
 class Step(NamedTuple):
-    "What one `allocate_slots` call asks the model to compute: the positions, and the slot receiving each one's K/V."
+    "What one `allocate_slots` call reserves: the positions a step computes (context, then lookahead), and their slots."
     positions: list
     slot_mapping: list
 
@@ -130,7 +132,7 @@ class FreeBlockQueue:
 class BlockManager:
     "Paged-KV bookkeeping for speculative decoding: LRU free queue, reference counts, block tables, prefix cache."
     def __init__(self, num_blocks: int, block_size: int, sliding_window: int | None = None,
-                 enable_prefix_caching: bool = True, check: bool = True):
+                 enable_prefix_caching: bool = True):
         for name, v in (("num_blocks", num_blocks), ("block_size", block_size)):
             if not _is_int(v) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -140,12 +142,11 @@ class BlockManager:
             raise ValueError(f"enable_prefix_caching must be True or False, got {enable_prefix_caching!r}")
         self.num_blocks, self.block_size, self.sliding_window = num_blocks, block_size, sliding_window
         self.enable_prefix_caching = enable_prefix_caching  # False: no block is ever hashed, looked up or cached
-        self.check = check    # False: trust each step's tokens (the engine checked its requests at its edge)
         self.free_queue = FreeBlockQueue(num_blocks)  # allocate from the head, free to the tail
         self.ref_cnt = [0] * num_blocks
         self.cached = {}      # block key (hash chain) -> block id: the prefix cache
         self.block_hash = {}  # block id -> its key in `cached`
-        self.requests = {}    # req_id -> its Request: the very object its engine holds, when an engine registered it
+        self.requests = {}    # req_id -> its Request: the very object its engine holds
 
     @property
     def free_blocks(self) -> int:
@@ -163,11 +164,6 @@ class BlockManager:
     def block_table(self, req_id: Hashable) -> list[int]:
         "A copy of the block table of request `req_id`."
         return list(self._get(req_id).block_ids)
-
-    def slot(self, req_id: Hashable, position: int) -> int:
-        "The flat slot holding `position` of request `req_id`."
-        b = self._get(req_id).block_ids[position // self.block_size]
-        return b * self.block_size + position % self.block_size
 
     # -- the allocator: free queue, counts, prefix cache ("Four small primitives" below) --
     def _take(self, blocks):
@@ -232,41 +228,36 @@ class BlockManager:
         r.num_cached_blocks = max(r.num_cached_blocks, end)
 
     # -- a request's life: add, allocate_slots (optimism), commit (rollback), finish, preempt --
-    def add_request(self, request: Request | Hashable, prompt_tokens: Sequence[int] | None = None) -> int:
-        """Register a request: its record (an engine's own, such as Chapter 8's RequestState), or a req_id and its
-        prompt, from which a bare `Request` is made. Reuses the cached full blocks of its tokens; returns how many."""
-        is_record = isinstance(request, Request)
-        req_id = request.req_id if is_record else request
-        if req_id in self.requests:
-            raise ValueError(f"request id {req_id!r} already exists")
-        if is_record and prompt_tokens is not None:
-            raise ValueError("prompt_tokens must be None when request is a Request: its token_ids are the prompt")
-        if is_record and self.check:
-            _check_tokens(request.token_ids, "prompt_tokens", allow_empty=False)
-            if not isinstance(request.token_ids, list):
-                raise ValueError(f"the request's token_ids must be a list, got {type(request.token_ids).__name__}")
-        r = request if is_record else Request(req_id, _check_tokens(prompt_tokens, "prompt_tokens", allow_empty=False))
-        r.block_ids, r.block_hashes, r.spec_tokens = [], [], None
+    def add_request(self, request: Request) -> int:
+        """Register a request's record (an engine's own, such as Chapter 8's `RequestState`: kept, not copied) and
+        reuse the cached full blocks of its tokens; returns how many tokens they cover."""
+        if not isinstance(request, Request):
+            raise TypeError(f"request must be a Request, got {type(request).__name__}")
+        if request.req_id in self.requests:
+            raise ValueError(f"request id {request.req_id!r} already exists")
+        if not isinstance(request.token_ids, list) or not request.token_ids:
+            raise ValueError("the request's token_ids must be a non-empty list (its prompt)")
+        r = request
+        r.block_ids, r.block_hashes, r.num_lookahead_tokens = [], [], None
         self._hash_blocks(r)
         hits = self._lookup(r)
         self._take(hits)
         r.block_ids, r.num_computed_tokens, r.num_cached_blocks = hits, len(hits) * self.block_size, len(hits)
-        self.requests[req_id] = r
+        self.requests[r.req_id] = r
         return r.num_computed_tokens
 
-    # -- reservations ("Reserving the draft's slots" below) --
-    def _check_reservable(self, r, num_lookahead):
-        "Refuse a reservation for a request with a step in flight, or a lookahead that is not a count."
-        if r.spec_tokens is not None:
+    def _check_lookahead(self, r, num_lookahead_tokens):
+        "Refuse a step for a request with one in flight, or a lookahead that is not a count."
+        if r.num_lookahead_tokens is not None:
             raise ValueError(f"request {r.req_id!r} already has a step in flight; commit it first")
-        if not _is_int(num_lookahead) or num_lookahead < 0:
-            raise ValueError(f"num_lookahead must be an int >= 0, got {num_lookahead!r}")
+        if not _is_int(num_lookahead_tokens) or num_lookahead_tokens < 0:
+            raise ValueError(f"num_lookahead_tokens must be an int >= 0, got {num_lookahead_tokens!r}")
 
-    def _plan(self, r, num_lookahead):
+    def _plan(self, r, num_lookahead_tokens):
         "The prefix-cache hits a request with no blocks claims, and the fresh blocks that cover tokens + lookahead."
         hits = self._lookup(r) if not r.block_ids else []  # only a request with no blocks looks up
         held = len(r.block_ids) + len(hits)  # one of the two is empty
-        return hits, max(-(-(len(r.token_ids) + num_lookahead) // self.block_size) - held, 0)
+        return hits, max(-(-(len(r.token_ids) + num_lookahead_tokens) // self.block_size) - held, 0)
 
     def _grow(self, r, hits, fresh):
         "Claim `hits` (for a request with no blocks) and `fresh` new blocks, or refuse, changing nothing."
@@ -278,37 +269,28 @@ class BlockManager:
             r.block_ids, r.num_computed_tokens, r.num_cached_blocks = hits, len(hits) * self.block_size, len(hits)
         r.block_ids += self._allocate(fresh)
 
-    def blocks_needed(self, req_id: Hashable, num_lookahead: int = 0) -> int:
-        "Blocks `reserve(req_id, num_lookahead)` would take off the free queue (a prefix hit in use costs none)."
+    def blocks_needed(self, req_id: Hashable, num_lookahead_tokens: int = 0) -> int:
+        "Blocks `allocate_slots(req_id, num_lookahead_tokens)` would take off the free queue (a hit in use costs none)."
         r = self._get(req_id)
-        self._check_reservable(r, num_lookahead)
-        hits, fresh = self._plan(r, num_lookahead)
+        self._check_lookahead(r, num_lookahead_tokens)
+        hits, fresh = self._plan(r, num_lookahead_tokens)
         return fresh + sum(self.ref_cnt[b] == 0 for b in hits)
 
-    def reserve(self, req_id: Hashable, num_lookahead: int = 0) -> int:
-        "Grow the block table to cover the finalized tokens plus `num_lookahead` slots. Returns num_computed_tokens."
+    def allocate_slots(self, req_id: Hashable, num_lookahead_tokens: int = 0) -> Step:
+        """Reserve a step: blocks for every position not computed yet, the finalized tokens the cache lacks and then
+        `num_lookahead_tokens` draft slots, all counted as computed (optimism). Refused, changing nothing, when the
+        blocks are short. Returns the positions and the slot of each."""
         r = self._get(req_id)
-        self._check_reservable(r, num_lookahead)
-        self._grow(r, *self._plan(r, num_lookahead))
-        return r.num_computed_tokens
-
-    def allocate_slots(self, req_id: Hashable, draft_tokens: Sequence[int] = ()) -> Step:
-        "Allocate slots for the uncomputed finalized tokens plus `draft_tokens`; count them all as computed."
-        r = self._get(req_id)
-        if r.spec_tokens is not None:
-            raise ValueError(f"request {req_id!r} already has a step in flight; commit it first")
-        drafts = _check_tokens(draft_tokens, "draft_tokens") if self.check else draft_tokens
-        hits, fresh = self._plan(r, len(drafts))  # after reserve(req_id, k >= len(drafts)): no hits, fresh == 0
+        self._check_lookahead(r, num_lookahead_tokens)
+        hits, fresh = self._plan(r, num_lookahead_tokens)
         start = len(hits) * self.block_size if not r.block_ids else r.num_computed_tokens
         if FREED in r.block_ids[start // self.block_size:]:
             raise ValueError(f"request {req_id!r} must write position {start}, "
                              "whose block the sliding window already freed")
         self._grow(r, hits, fresh)
-        num_tokens = len(r.token_ids)
-        end = num_tokens + len(drafts)
-        r.spec_tokens = drafts
-        r.num_computed_tokens = end  # optimistic: every draft counted as computed
-        self._cache_blocks(r, num_tokens)  # finalized tokens only: drafts have no key
+        end = len(r.token_ids) + num_lookahead_tokens
+        r.num_lookahead_tokens = num_lookahead_tokens
+        r.num_computed_tokens = end  # optimistic: every lookahead slot counted as computed
         b, table = self.block_size, r.block_ids
         return Step(list(range(start, end)), [table[p // b] * b + p % b for p in range(start, end)])
 
@@ -321,36 +303,29 @@ class BlockManager:
             r.block_ids[i] = FREED
             i -= 1
 
-    def _check_commit(self, r, num_accepted, emitted):
+    def _check_commit(self, r, num_drafted, num_accepted, emitted):
         "Refuse a commit whose counts or tokens do not fit the step in flight."
-        if not _is_int(num_accepted):
-            raise ValueError(f"num_accepted must be an int, got {num_accepted!r}")
-        if num_accepted < 0:
-            raise ValueError(f"num_accepted must be >= 0, got {num_accepted}")
-        if num_accepted > len(r.spec_tokens):
-            raise ValueError(f"num_accepted={num_accepted} but request {r.req_id!r} drafted only "
-                             f"{len(r.spec_tokens)} tokens")
-        if len(emitted) != num_accepted + 1:
-            raise ValueError(f"emitted_tokens must hold num_accepted + 1 = {num_accepted + 1} tokens, "
-                             f"got {len(emitted)}")
-        if emitted[:num_accepted] != r.spec_tokens[:num_accepted]:
-            raise ValueError(f"the first num_accepted emitted_tokens must be the accepted drafts "
-                             f"{r.spec_tokens[:num_accepted]}, got {emitted[:num_accepted]}")
+        for name, v, hi in (("num_drafted", num_drafted, r.num_lookahead_tokens),
+                            ("num_accepted", num_accepted, num_drafted)):
+            if not _is_int(v) or not 0 <= v <= hi:
+                raise ValueError(f"{name} must be an int in [0, {hi}] for request {r.req_id!r}'s step, got {v!r}")
+        if not isinstance(emitted, list) or len(emitted) != num_accepted + 1:
+            raise ValueError(f"emitted_tokens must be a list of num_accepted + 1 = {num_accepted + 1} tokens, "
+                             f"got {emitted!r:.80}")
 
-    def commit(self, req_id: Hashable, num_accepted: int, emitted_tokens: Sequence[int]) -> int:
-        "Finish the step in flight: roll back the rejected drafts, append the emitted tokens (n accepted + 1)."
+    def commit(self, req_id: Hashable, num_drafted: int, num_accepted: int, emitted_tokens: list[int]) -> int:
+        """Finish the step in flight: roll back every lookahead slot but the accepted drafts, append the emitted tokens
+        (n accepted + 1), offer the prefix cache the blocks finished before the step. Returns num_computed_tokens."""
         r = self._get(req_id)
-        if r.spec_tokens is None:
+        if r.num_lookahead_tokens is None:
             raise ValueError(f"request {req_id!r} has no step in flight: nothing to commit or roll back "
                              "(allocate_slots first)")
-        emitted = emitted_tokens
-        if self.check:
-            emitted = _check_tokens(emitted_tokens, "emitted_tokens")
-            self._check_commit(r, num_accepted, emitted)
-        kappa = len(r.spec_tokens)
-        r.num_computed_tokens -= kappa - num_accepted  # the rollback: rejected slots are simply never read
-        self._append_tokens(r, emitted)
-        r.spec_tokens = None
+        self._check_commit(r, num_drafted, num_accepted, emitted_tokens)
+        num_tokens = len(r.token_ids)  # the tokens finalized before the step: the step wrote every K/V they lacked
+        r.num_computed_tokens -= r.num_lookahead_tokens - num_accepted  # the rollback: those slots are never read
+        r.num_lookahead_tokens = None
+        self._append_tokens(r, emitted_tokens)
+        self._cache_blocks(r, min(r.num_computed_tokens, num_tokens))  # finalized and written: drafts have no key
         if self.sliding_window is not None:
             self._free_outside_window(r, r.num_computed_tokens)  # the processed length, after the rollback
         return r.num_computed_tokens
@@ -364,24 +339,24 @@ class BlockManager:
         r = self._get(req_id)
         self._release_all(r)
         del self.requests[req_id]
-        r.block_ids, r.num_computed_tokens, r.num_cached_blocks, r.spec_tokens = [], 0, 0, None
+        r.block_ids, r.num_computed_tokens, r.num_cached_blocks, r.num_lookahead_tokens = [], 0, 0, None
 
     def preempt(self, req_id: Hashable) -> None:
         "Release every block of a request and reset it to recompute from scratch; its tokens and hash chain stay."
         r = self._get(req_id)
         self._release_all(r)
-        r.block_ids, r.num_computed_tokens, r.num_cached_blocks, r.spec_tokens = [], 0, 0, None
+        r.block_ids, r.num_computed_tokens, r.num_cached_blocks, r.num_lookahead_tokens = [], 0, 0, None
 
     def cancel(self, req_id: Hashable, num_computed_tokens: int) -> None:
-        """Abandon the step in flight of a request whose forward failed: no drafts, and `num_computed_tokens` back to
-        its count before allocate_slots (the caller's record), so that those positions are computed again."""
+        """Abandon the step in flight of a request whose forward failed: no lookahead, and `num_computed_tokens` back
+        to its count before allocate_slots (the step's first position), so that those positions are computed again."""
         r = self._get(req_id)
-        if r.spec_tokens is None:
+        if r.num_lookahead_tokens is None:
             raise ValueError(f"request {req_id!r} has no step in flight to cancel")
         if not _is_int(num_computed_tokens) or not 0 <= num_computed_tokens <= r.num_computed_tokens:
             raise ValueError(f"num_computed_tokens must be an int in [0, {r.num_computed_tokens}], "
                              f"got {num_computed_tokens!r}")
-        r.spec_tokens = None
+        r.num_lookahead_tokens = None
         r.num_computed_tokens = num_computed_tokens
 
     def forget(self, req_id: Hashable) -> None:
@@ -390,28 +365,6 @@ class BlockManager:
             key = self.block_hash.pop(b, None) if b != FREED else None
             if key is not None:
                 del self.cached[key]
-
-    def state(self) -> tuple:
-        "A copy of the bookkeeping (each record's tokens and the manager's fields), to compare before and after."
-        records = {rid: (list(r.token_ids), copy.copy(r.spec_tokens), r.num_computed_tokens, list(r.block_ids),
-                         list(r.block_hashes), r.num_cached_blocks) for rid, r in self.requests.items()}
-        return list(self.free_queue), list(self.ref_cnt), dict(self.cached), dict(self.block_hash), records
-
-    # -- tree drafts ("Tree drafts: compacting the accepted path" below) --
-    def tree_path_moves(self, req_id: Hashable, path: Sequence[int]) -> tuple[list[int], list[int]]:
-        "Slots to move the accepted tree nodes `path` (indices into the step's drafts) to the contiguous tail."
-        r = self._get(req_id)
-        if r.spec_tokens is None:
-            raise ValueError(f"request {req_id!r} has no step in flight")
-        path = list(path)
-        increasing = all(_is_int(i) for i in path) and all(b > a for a, b in zip(path, path[1:]))
-        if not increasing or (path and (path[0] < 0 or path[-1] >= len(r.spec_tokens))):
-            raise ValueError(f"path must be increasing node indices in [0, {len(r.spec_tokens)}), got {path}")
-        base = r.num_computed_tokens - len(r.spec_tokens)  # position of tree node 0
-        moves = [(self.slot(req_id, base + i), self.slot(req_id, base + j)) for j, i in enumerate(path) if i != j]
-        rest = [t for i, t in enumerate(r.spec_tokens) if i not in set(path)]
-        r.spec_tokens = [r.spec_tokens[i] for i in path] + rest
-        return [s for s, _ in moves], [d for _, d in moves]
 
 # %% ../nbs/06_kv.ipynb #4a7bed72
 class PagedKV:
