@@ -1,26 +1,62 @@
-"""Lines of speclab's engine path next to nano-vllm's (issue 26): non-blank, non-comment lines, docstrings included.
+"""Lines of speclab's serving path next to nano-vllm's, like for like (issue 40): non-blank, non-comment lines,
+docstrings included, component by component.
 
-    python benchmarks/engine_lines.py                          # nano-vllm read from NANO (below) if it is there
-    python benchmarks/engine_lines.py --nano /path/to/nano-vllm --json
+    git --git-dir=$(NANO_GIT) archive HEAD | tar -x -C /tmp/nano     # nano-vllm's snapshot, once
+    python benchmarks/engine_lines.py                                  # the table (nano-vllm read from /tmp/nano)
+    python benchmarks/engine_lines.py --nano /path/to/nano-vllm --nano-commit SHA --json > engine_lines.json
+    python benchmarks/engine_lines.py --root /tmp/speclab_at_sha --speclab-commit SHA   # another speclab tree
 
-speclab's engine path: all of `speclab/engine.py` (requests, sampling parameters, drafters, processors, scheduler,
-runner, engine), its counters (`SpecMetrics`, in `speclab/roofline.py`) and the production block manager of
-`speclab/kv.py` (its record, keys, free queue and the
-`BlockManager` class), without Chapter 6's teaching code (the toy K/V, the wrong managers, the invariant checker and
-its fuzzer). nano-vllm: its whole package (1,195 lines at commit bb823b3, model and layers included) and its
-`engine/` folder with config, sampling parameters and sampler (the part that does what speclab's path does).
+Both sides count the whole serving path: engine, KV bookkeeping, model forward, sampler and weight loading.
+nano-vllm: its engine/, layers/, models/, utils/ (the forward's context and the weight loader), config.py,
+sampling_params.py and llm.py: every file of its package but `__init__.py`. speclab: all of the engine's files
+(ENGINE_FILES), and from the other modules the top-level definitions the engine runs, selected with `ast`: the
+ROWS below name the roots, and every top-level name of the same module that a selected definition mentions is
+selected too (its closure), so a helper split out by a refactor is still counted. A name counted in one row is not
+counted again in a later one. The JSON lists every name counted, the roots a refactor moved away (`missing_names`)
+and the speclab names a counted definition uses that no row counts (`referenced_not_counted`).
+
+Symmetry: weight loading is counted on both sides (nano's `utils/loader.py`, speclab's `load_model` and what it
+calls); tokenizer loading on neither (nano's is one `AutoTokenizer` line inside its engine, counted there; speclab's
+`load_tokenizer` lives outside the engine). The contiguous `KVCache`/`forward` of Chapter 7, which the engine's
+prompt-logprobs path uses, is left out: it is the teaching forward, not the paged one (listed as not counted).
+Rows are approximate (nano's model runner builds its batches, speclab's `paged_batch` does); the totals are the
+like-for-like figure.
 """
 import argparse
 import ast
 import json
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NANO = Path("/tmp/nano")                       # `git archive` of github.com/GeeeekExplorer/nano-vllm
+ENGINE_FILES = ("engine.py",)                  # counted whole; add the modules a refactor splits the engine into
 KV_PRODUCTION = ("Request", "Step", "_check_tokens", "ROOT_HASH", "block_hash", "hash_chain", "FreeBlockQueue",
-                 "BlockManager", "FREED")
-NANO_ENGINE = ("engine/block_manager.py", "engine/llm_engine.py", "engine/model_runner.py", "engine/scheduler.py",
-               "engine/sequence.py", "config.py", "sampling_params.py", "layers/sampler.py")
+                 "BlockManager", "PagedKV", "FREED")     # kv.py without Chapter 6's teaching code (until kvlab.py)
+MODEL_FORWARD = ("LlamaArgs", "Llama", "decoder_layer", "paged_batch", "paged_cache", "paged_attend", "paged_logits",
+                 "forward_paged", "compile_paged", "long_tensor")
+MODEL_SHAPE = ("ModelSpec", "LLAMA_MODEL_TYPES", "REQUIRED_CONFIG_KEYS")   # roofline.py: what LlamaArgs inherits
+SAMPLER = ("rejection_sampler", "SamplingMetadata", "ProcessorRows", "process_logits", "sampling_probs",
+           "draw_tokens", "no_valid_rows", "neutralize", "token_counts", "NO_VALID_TOKEN_ID", "PLACEHOLDER_TOKEN_ID",
+           "greedy_sample", "random_sample", "recovered_exponential")  # the last three: reached as `ops.<name>`
+LOADER = ("load_model", "load_state_dict", "checkpoint_folder", "hf_state_dict", "pack_state_dict")
+NANO_ENGINE = ("engine/llm_engine.py", "engine/scheduler.py", "engine/sequence.py", "engine/model_runner.py",
+               "config.py", "sampling_params.py", "llm.py")
+NANO_MODEL = ("models/qwen3.py", "layers/activation.py", "layers/attention.py", "layers/embed_head.py",
+              "layers/layernorm.py", "layers/linear.py", "layers/rotary_embedding.py", "utils/context.py")
+NANO_NOT_COUNTED = ("__init__.py",)
+SPECLAB_ONLY = ["speculation: drafters (draft model, n-gram, EAGLE hook), kappa schedules, draft KV catch-up",
+                "the rejection sampler (exact verification of a ragged batch of drafts) and SpecDecodeMetadata",
+                "sampling: top-k, top-p, min-p, seeds; logits processors (penalties, bad words, min_tokens, "
+                "logit bias, allowed ids)",
+                "an incremental detokenizer with stop strings (nano decodes once, at the end)",
+                "SpecMetrics (vLLM's speculation counters), per-request fault isolation, prompt and output logprobs",
+                "argument checks with named errors on every public entry (nano asserts a few)"]
+NANO_ONLY = ["CUDA graphs captured per batch size (model_runner.capture_cudagraph)",
+             "tensor parallelism: NCCL process group, column/row/QKV/merged parallel linears, vocab-parallel "
+             "embedding and head, a shared-memory RPC loop",
+             "flash-attn varlen/kvcache kernels and a Triton kernel that stores K/V",
+             "Qwen3's q/k norms; torch.compile on its norms, rotary embedding, activation and sampler"]
 
 
 def code_lines(lines: list[str]) -> int:
@@ -33,41 +69,202 @@ def file_lines(path: Path) -> int:
     return code_lines(path.read_text().splitlines())
 
 
-def definitions_lines(path: Path, names: tuple[str, ...]) -> int:
-    "code_lines of the top-level definitions and assignments of `names` in a module."
+def node_names(node: ast.stmt) -> list[str]:
+    "The names a top-level statement defines: a def's or class's name, an assignment's plain targets."
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, ast.Assign):
+        return [t.id for t in node.targets if isinstance(t, ast.Name)]
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return [node.target.id]
+    return []
+
+
+def top_level(path: Path) -> dict[str, ast.stmt]:
+    "Each top-level name of a module -> the statement that defines it (the last one, as Python would)."
+    return {name: node for node in ast.parse(path.read_text()).body for name in node_names(node)}
+
+
+def mentioned(node: ast.AST) -> set[str]:
+    "Every plain name a statement mentions (calls, annotations, decorators, base classes, defaults)."
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def closure(defs: dict[str, ast.stmt], roots: tuple[str, ...], done: set[str] = frozenset(),
+            follow: bool = True) -> list[str]:
+    """The roots found in `defs` and, with `follow`, every top-level name their definitions mention, transitively;
+    names in `done` (counted by an earlier row, their closure with them) are neither taken nor followed."""
+    taken, todo = [], list(roots)
+    while todo:
+        name = todo.pop(0)
+        if name in taken or name in done or name not in defs:
+            continue
+        taken.append(name)
+        if follow:
+            todo += sorted(mentioned(defs[name]))
+    return taken
+
+
+def definitions_lines(path: Path, names: list[str] | tuple[str, ...]) -> int:
+    "code_lines of the top-level statements defining `names` (decorators included; each statement once)."
     text = path.read_text().splitlines()
+    nodes = {id(node): node for node in ast.parse("\n".join(text)).body if set(node_names(node)) & set(names)}
     total = 0
-    for node in ast.parse("\n".join(text)).body:
-        targets = [getattr(node, "name", None)]
-        if isinstance(node, ast.Assign):
-            targets = [t.id for t in node.targets if isinstance(t, ast.Name)]
-        if any(t in names for t in targets):
-            start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
-            total += code_lines(text[start - 1:node.end_lineno])
+    for node in nodes.values():
+        start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
+        total += code_lines(text[start - 1:node.end_lineno])
     return total
 
 
+def speclab_imports(path: Path) -> dict[str, str]:
+    "Names a module imports from other speclab modules (top level or inside functions) -> that module's file name."
+    out = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom) or not node.module:
+            continue
+        if node.level == 1 or node.module.startswith("speclab."):
+            for alias in node.names:
+                out[alias.asname or alias.name] = node.module.split(".")[-1] + ".py"
+    return out
+
+
+def rows_spec(pkg: Path) -> list[dict]:
+    "speclab's rows: component, parts (file, roots or None for the whole file, follow) and nano's counterpart."
+    kv = ("kvlab.py exists: all of kv.py", [("kv.py", None, True)])
+    if not (pkg / "kvlab.py").exists():
+        kv = ("kv.py's production names", [("kv.py", KV_PRODUCTION, True)])
+    return [
+        dict(component="engine", note="requests, params, scheduler, runner, drafters, engine loop",
+             parts=[(f, None, True) for f in ENGINE_FILES], nano=NANO_ENGINE),
+        dict(component="kv bookkeeping", note=kv[0], parts=kv[1], nano=("engine/block_manager.py",)),
+        dict(component="model forward", note="paged Llama forward; nano: Qwen3, layers, context",
+             parts=[("model.py", MODEL_FORWARD, True), ("roofline.py", MODEL_SHAPE, False)], nano=NANO_MODEL),
+        dict(component="sampler", note="rejection sampler, processors; nano: temperature + Gumbel argmax",
+             parts=[("sampling.py", SAMPLER, True)], nano=("layers/sampler.py",)),
+        dict(component="spec metadata", note="SpecDecodeMetadata", parts=[("metadata.py", ("SpecDecodeMetadata",),
+                                                                              True)], nano=None),
+        dict(component="detokenizer", note="incremental, stop strings", parts=[("model.py", ("Detokenizer",), True)],
+             nano=None),
+        dict(component="spec metrics", note="SpecMetrics", parts=[("roofline.py", ("SpecMetrics",), True)],
+             nano=None),
+        dict(component="weight loader", note="safetensors -> fused modules", parts=[("model.py", LOADER, True)],
+             nano=("utils/loader.py",)),
+    ]
+
+
+def count_speclab(pkg: Path) -> tuple[list[dict], dict[str, set[str]], list[str]]:
+    "Each row's lines and names; the names counted per file; the roots not found in their file."
+    rows, counted, missing = [], {}, []
+    for spec in rows_spec(pkg):
+        lines, names = 0, {}
+        for file, roots, follow in spec["parts"]:
+            path = pkg / file
+            defs = top_level(path)
+            done = counted.setdefault(file, set())
+            if roots is None:                       # the whole file
+                lines += file_lines(path) if not done else definitions_lines(path, sorted(set(defs) - done))
+                taken = sorted(set(defs) - done)
+            else:
+                missing += [f"{file}:{r}" for r in roots if r not in defs]
+                taken = closure(defs, roots, done, follow)
+                lines += definitions_lines(path, taken)
+            done.update(taken)
+            names[file] = taken
+        rows.append(dict(component=spec["component"], note=spec["note"], speclab=lines, names=names,
+                         nano_files=spec["nano"]))
+    return rows, counted, missing
+
+
+def referenced_not_counted(pkg: Path, counted: dict[str, set[str]]) -> list[str]:
+    "speclab names that a counted definition mentions, imported from a module where no row counts them."
+    out = set()
+    for file, names in counted.items():
+        path = pkg / file
+        defs, imports = top_level(path), speclab_imports(path)
+        used = set().union(*(mentioned(defs[n]) for n in names if n in defs))
+        if file in ENGINE_FILES:                    # counted whole: its imports at any depth count as used
+            used |= set(imports)
+        for name in sorted(used & set(imports)):
+            source = imports[name]
+            if name not in counted.get(source, set()) and source not in ENGINE_FILES:
+                out.add(f"{file} uses {source}:{name}")
+    return sorted(out)
+
+
+def git_commit(path: Path, given: str | None) -> str | None:
+    """A tree's commit: as given, else the checkout's HEAD (with '+dirty' when its files differ), else None (an
+    archive does not know its commit)."""
+    if given or not (path / ".git").exists():
+        return given
+    head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True)
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if head.returncode == 0 else None
+
+
+def count_nano(rows: list[dict], pkg: Path) -> list[str]:
+    "Fill each row's nano lines (None where nano has no counterpart); the package's files that no row counts."
+    listed = set(NANO_NOT_COUNTED)
+    for row in rows:
+        files = row["nano_files"]
+        row["nano"] = None if files is None else sum(file_lines(pkg / f) for f in files)
+        listed |= set(files or ())
+    return sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if str(p.relative_to(pkg)) not in listed)
+
+
+def totals(rows: list[dict]) -> dict:
+    "Totals of every row and of the rows with a nano counterpart, with their ratios."
+    res = {"speclab_total": sum(r["speclab"] for r in rows)}
+    shared = [r for r in rows if r.get("nano") is not None]
+    if shared:
+        res["nano_total"] = sum(r["nano"] for r in shared)
+        res["ratio"] = round(res["speclab_total"] / res["nano_total"], 3)
+        res["speclab_with_counterpart"] = sum(r["speclab"] for r in shared)
+        res["ratio_with_counterpart"] = round(res["speclab_with_counterpart"] / res["nano_total"], 3)
+    return res
+
+
+def table(res: dict) -> str:
+    "The rows and totals as a plain-text table, with what each side has that the other lacks."
+    out = [f"{'component':<16}{'speclab':>8}{'nano':>7}  what", "-" * 78]
+    for r in res["rows"]:
+        nano = "-" if r.get("nano") is None else r["nano"]
+        out.append(f"{r['component']:<16}{r['speclab']:>8}{nano:>7}  {r['note']}")
+    out.append("-" * 78)
+    t = res["totals"]
+    out.append(f"{'total':<16}{t['speclab_total']:>8}{t.get('nano_total', '-'):>7}  ratio {t.get('ratio', '-')}")
+    if "nano_total" in t:
+        out.append(f"{'with counterpart':<16}{t['speclab_with_counterpart']:>8}{t['nano_total']:>7}  "
+                   f"ratio {t['ratio_with_counterpart']} (rows nano also has)")
+    out += ["", f"speclab commit: {res['speclab_commit']}; nano-vllm commit: {res.get('nano_commit')}",
+            "speclab only:"] + [f"  - {s}" for s in SPECLAB_ONLY]
+    out += ["nano-vllm only:"] + [f"  - {s}" for s in NANO_ONLY]
+    for key in ("missing_names", "referenced_not_counted", "nano_uncounted"):
+        if res.get(key):
+            out += [f"{key}:"] + [f"  - {s}" for s in res[key]]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> dict:
-    "Count both and print the ratios."
+    "Count both sides and print the table (or one JSON object)."
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nano", type=Path, default=NANO, help="a nano-vllm checkout (default /tmp/nano)")
+    ap.add_argument("--nano", type=Path, default=NANO, help="a nano-vllm checkout or archive (default /tmp/nano)")
+    ap.add_argument("--nano-commit", help="the commit the archive was made from (recorded in the output)")
+    ap.add_argument("--root", type=Path, default=ROOT, help="the speclab tree to count (default this checkout)")
+    ap.add_argument("--speclab-commit", help="that tree's commit, when it is an archive (recorded in the output)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)
-    res = {"speclab_engine_py": file_lines(ROOT / "speclab" / "engine.py"),
-           "speclab_spec_metrics": definitions_lines(ROOT / "speclab" / "roofline.py", ("SpecMetrics",)),
-           "speclab_kv_production": definitions_lines(ROOT / "speclab" / "kv.py", KV_PRODUCTION)}
-    res["speclab_engine_path"] = sum(res.values())
-    pkg = a.nano / "nanovllm"
-    if pkg.is_dir():
-        res["nano_vllm_package"] = sum(file_lines(p) for p in pkg.rglob("*.py"))
-        res["nano_vllm_engine_path"] = sum(file_lines(pkg / p) for p in NANO_ENGINE)
-        res["ratio_to_nano_package"] = round(res["speclab_engine_path"] / res["nano_vllm_package"], 3)
-        res["ratio_to_nano_engine_path"] = round(res["speclab_engine_path"] / res["nano_vllm_engine_path"], 3)
-    if a.json:
-        print(json.dumps(res, indent=1))
-    else:
-        for k, v in res.items():
-            print(f"{k:<28}{v:>8}")
+    pkg = a.root / "speclab"
+    rows, counted, missing = count_speclab(pkg)
+    res = {"speclab_commit": git_commit(a.root, a.speclab_commit), "rows": rows, "missing_names": missing,
+           "referenced_not_counted": referenced_not_counted(pkg, counted), "speclab_only": SPECLAB_ONLY,
+           "nano_only": NANO_ONLY}
+    nano_pkg = a.nano / "nanovllm"
+    if nano_pkg.is_dir():
+        res["nano_commit"] = git_commit(a.nano, a.nano_commit)
+        res["nano_uncounted"] = count_nano(rows, nano_pkg)
+    res["totals"] = totals(rows)
+    print(json.dumps(res, indent=1) if a.json else table(res))
     return res
 
 

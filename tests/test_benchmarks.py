@@ -165,3 +165,62 @@ def test_serve_load_smoke() -> None:
     assert all(report["checks"].values()) and report["checks"], report["checks"]
     assert report["output_tokens"] == sum(range(9, 17)) and report["most_waiting_seen"] > 0
     assert report["ttft_s_p50"] <= report["latency_s_p99"] and report["E"] >= 1
+
+
+def script(name: str):
+    "A benchmark script of benchmarks/ imported as a module (its pure functions; main() is not run)."
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_engine_lines_counts_a_definition_and_its_closure(tmp_path: Path) -> None:
+    """engine_lines.py: blank and comment lines do not count, docstrings do; a root brings the top-level names its
+    definition mentions, transitively, but not those an earlier row counted; a used import no row counts is named."""
+    lines = script("engine_lines")
+    src = tmp_path / "model.py"
+    src.write_text('"""A module."""\nimport os\n\nA = 1  # one\nB = A + 1\n\n\ndef helper(x):\n    "Its docstring."\n'
+                   '    # a comment\n    return x + B\n\n\n@staticmethod\ndef root():\n\n    return helper(1)\n\n\n'
+                   'def unused():\n    return os.sep\n')
+    assert lines.code_lines(["", "   # c", "x = 1", '"""doc"""']) == 2
+    defs = lines.top_level(src)
+    assert lines.closure(defs, ("root",)) == ["root", "helper", "B", "A"]
+    assert lines.closure(defs, ("root", "gone"), done={"helper"}) == ["root"]
+    assert lines.closure(defs, ("root",), follow=False) == ["root"]
+    assert lines.definitions_lines(src, ["root", "helper", "B", "A"]) == 8     # 1 + 1 + 3 + 3 (the decorator)
+    assert lines.file_lines(src) == 12
+    (tmp_path / "engine.py").write_text("from .model import helper, root\n\n\ndef f():\n    return helper(root())\n")
+    counted = {"engine.py": {"f"}, "model.py": {"root"}}
+    assert lines.referenced_not_counted(tmp_path, counted) == ["engine.py uses model.py:helper"]
+
+
+def test_engine_walk_counts_crossings_per_step(tmp_path: Path, monkeypatch) -> None:
+    """engine_walk.py: a call into another module of the package is a crossing, through a module outside it too
+    (a -> outside -> b is a -> b); a call inside a module is not; each call of the step function starts a step."""
+    walk = script("engine_walk")
+    pkg = tmp_path / "walkpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (tmp_path / "walk_outside.py").write_text("def apply(fn, x):\n    return fn(x)\n")
+    (pkg / "b.py").write_text("from dataclasses import dataclass\n\n\n@dataclass\nclass P:\n    x: int\n\n\n"
+                              "def g(x):\n    return x + 1\n\n\ndef step():\n    return g(1)\n")
+    (pkg / "a.py").write_text("import walk_outside\nfrom . import b\n\n\ndef local(x):\n    return x\n\n\n"
+                              "def run():\n    b.P(local(0))\n    walk_outside.apply(b.g, b.g(1))\n"
+                              "    b.step()\n    b.step()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from walkpkg import a, b
+    counter = walk.CrossingCounter("walkpkg", step_code=b.step.__code__)
+    with counter:
+        a.run()
+    res = walk.summarize(counter)
+    assert res["request"]["edges"] == {"a -> b.g": 2, "a -> b.P.__init__": 1, "a -> b.step": 2}
+    assert (res["request"]["crossings"], res["request"]["distinct"]) == (5, 3)
+    assert res["request"]["modules"] == ["walkpkg.a", "walkpkg.b"]
+    assert res["steps"] == 2 and [s["crossings"] for s in res["per_step"]] == [1, 1]
+    steady = res["steady_step"]                                   # the steps after the first: step 2
+    assert steady["steps"] == 1 and steady["crossings_mean"] == 1 and steady["distinct_every_step"] == 1
+    assert steady["edges_per_step"] == {"a -> b.step": 1.0}
+    assert walk.in_package("speclab.kv") and walk.in_package("walkpkg", "walkpkg")
+    assert not walk.in_package("walkpkgs.a", "walkpkg")
