@@ -406,7 +406,6 @@ def training_minutes() -> float:
 def cmd_demo(args: argparse.Namespace) -> int:
     "The shipped pair: six functions completed with speculation (streamed), vLLM's metrics, a fair speed comparison."
     from speclab.sweep import torch_threads
-    from speclab.engine import prompt_ids
     from speclab.roofline import SpecMetrics
     params = sampling_params(args, stop=(DEMO_STOP,))
     cores = available_cores()
@@ -417,7 +416,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         eng, tok = load_decoder("tiny", draft, ngram, kappa=kappa, device=args.device, backend=args.backend,
                                 prefix_caching=False)  # repeats must pay their prefill, as plain decoding does
         for prompt in DEMO_PROMPTS:
-            prompt_ids(eng, prompt, params)  # the engine's own validation, before anything is printed
+            eng.processor.prompt_ids(prompt, params)  # the engine's own validation, before anything is printed
     size = sum(p.numel() for p in eng.target.parameters()) / 1e6
     print(f"speclab demo: the shipped pair, a {eng.target.args.num_layers}-layer target ({size:.0f}M parameters) and "
           f"{drafter_words(eng.drafter)},\ntrained for {training_minutes():.0f} "

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .engine import RequestState, request_probs
+from .engine import RequestState, StepPlan, request_probs
 from .kv import PagedKV
 from .model import (Attend, Llama, LlamaArgs, PagedBatch, RMSNorm, _layer, apply_rope, decoder_layer,
                            load_model, mlp, pack_state_dict, paged_attend, paged_batch, paged_cache, rope_cos_sin,
@@ -576,6 +576,7 @@ def cast_head(head: EagleHead | Eagle3Head, target: Llama, dtype: torch.dtype) -
 class EagleDrafter:
     "Drafts with an EAGLE head: the target's features of the verified positions in, kappa tokens and q rows out."
     uses_probs = True
+    reuses_prefix_kv = False   # a cached block may hold head K/V made from the head's own states: recompute them
 
     def __init__(self, head: EagleHead | Eagle3Head, target: Llama, greedy: bool = False,
                  dtype: torch.dtype | None = None):
@@ -591,7 +592,6 @@ class EagleDrafter:
         self.draft_head, self.draft_target = cast_head(head, target, self.dtype)
         self.greedy = greedy
         self.tokenizer = None
-        self.trusted = {}                  # req_id -> positions whose head K/V came from the target's features
 
     @property
     def vocab_size(self) -> int:
@@ -606,7 +606,6 @@ class EagleDrafter:
         self.features = torch.zeros(num_blocks * block_size, width, dtype=self.dtype, device=dev)
         self.block_size = block_size
         self.sliding_window = sliding_window
-        self.trusted = {}
 
     def forward_target(self, target: Llama, cache: list[PagedKV], batch: PagedBatch,
                        logits_indices: torch.Tensor | None = None) -> torch.Tensor:
@@ -635,12 +634,12 @@ class EagleDrafter:
         return hidden[pb.last_token_indices]
 
     @torch.no_grad()
-    def propose(self, batch: list[RequestState], kappas: list[int]) -> tuple[list[list[int]], torch.Tensor | None,
-                                                                             list[int]]:
-        "Catch the head up on the verified positions, then draft: drafts, their q rows, head positions now cached."
-        self.trusted = {r.req_id: self.trusted[r.req_id] for r in batch if r.req_id in self.trusted}
-        ends = [min(len(r.token_ids), r.num_computed_tokens + 1) for r in batch]      # the feature lag: one position
-        starts = [min(r.num_draft_computed, self.trusted.get(r.req_id, 0), e - 1) for r, e in zip(batch, ends)]
+    def propose(self, plan: StepPlan) -> tuple[list[list[int]], torch.Tensor | None, list[int]]:
+        """Catch the head up on the verified positions, then draft: drafts, their q rows, and the head positions now
+        cached from the target's features (the update writes them into each record's `num_draft_computed`)."""
+        batch, kappas = plan.requests, plan.kappas
+        ends = [min(len(r.token_ids), c + 1) for r, c in zip(batch, plan.first_positions())]   # the feature lag
+        starts = [min(r.num_draft_computed, e - 1) for r, e in zip(batch, ends)]
         slots, blocks = [], []
         for r, s, e in zip(batch, starts, ends):
             slots += self._slots(r, self.feature_positions(r, s, e))
@@ -648,8 +647,6 @@ class EagleDrafter:
         idx = torch.tensor(slots, device=self.features.device)
         fused = self.draft_head.fc(self.features[idx.clamp(min=0)] * (idx >= 0)[:, None])
         hidden = self._run(batch, starts, blocks, fused)
-        for r, e in zip(batch, ends):
-            self.trusted[r.req_id] = e
         kap = torch.tensor([k if e == len(r.token_ids) else 0 for r, k, e in zip(batch, kappas, ends)])
         K = int(kap.max()) if len(kap) else 0
         toks = torch.zeros(len(batch), K, dtype=torch.int64)

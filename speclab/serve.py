@@ -53,7 +53,7 @@ from pydantic.json_schema import SkipJsonSchema
 from starlette.exceptions import HTTPException
 
 from .engine import (REPETITION_MAX, REPETITION_MIN, SAMPLING_EPS, TOP_K_ALL, Output, SamplingParams,
-                            SpecDecoder, SpecMetrics, StepOutput, prompt_ids, prompt_logprobs)
+                            SpecDecoder, SpecMetrics, StepOutput, prompt_logprobs)
 from .model import load_model, load_tokenizer
 
 _log = logging.getLogger("speclab.serve")
@@ -224,11 +224,11 @@ Query = Add | Score | BadWords | Inspect      # the commands a future answers
 
 @dataclass(frozen=True)
 class EngineState:
-    "What Inspect reads on the engine thread: work left, requests with a stream, the KV pool's blocks (None: no pool)."
+    "What Inspect reads on the engine thread: work left, requests with a stream, the KV pool's free and total blocks."
     unfinished: bool
     open_requests: int
-    free_blocks: int | None
-    num_blocks: int | None
+    free_blocks: int
+    num_blocks: int
 
 class EngineError(RuntimeError):
     "The engine failed (an exception in a step) or is not running: the request cannot be served (HTTP 500)."
@@ -310,8 +310,8 @@ class LoopRequests:
         prompt, params = command.prompt, command.params
         try:
             if command.fill:                         # max_tokens null: whatever the context leaves after the prompt
-                prompt = prompt_ids(self.engine, prompt, params)
-                params = replace(params, max_tokens=max(1, self.engine.context - len(prompt)))
+                prompt = self.engine.processor.prompt_ids(prompt, params)
+                params = replace(params, max_tokens=max(1, self.engine.config.context - len(prompt)))
             req_id = self.engine.add_request(prompt, params, arrival_time=command.arrival)
         except Exception as e:                       # ValueError/TypeError: the request's fault, a 400
             fut.set_exception(e)
@@ -329,7 +329,7 @@ class LoopRequests:
     def score(self, prompt: str | list[int], params: SamplingParams,
               num_top: int | None) -> tuple[str, int, dict | None]:
         "Echo: the prompt's text (ids decoded), its length, and with num_top its tokens' log-probs (the first: None)."
-        ids = prompt_ids(self.engine, prompt, params)
+        ids = self.engine.processor.prompt_ids(prompt, params)
         text = prompt if isinstance(prompt, str) else self.engine.tokenizer.decode(ids)
         if num_top is None:
             return text, len(ids), None
@@ -338,9 +338,8 @@ class LoopRequests:
 
     def read_state(self) -> EngineState:
         "What Inspect answers: work left, requests with a stream, the KV pool's free and total blocks."
-        bm = self.engine.block_manager
-        return EngineState(self.engine.has_unfinished(), len(self.streams),
-                           None if bm is None else bm.free_blocks, None if bm is None else bm.num_blocks)
+        used, total = self.engine.block_usage()
+        return EngineState(self.engine.has_unfinished(), len(self.streams), total - used, total)
 
     def close_all(self, message: str, status: int = 503) -> None:
         "Fail every open request with `message` (and drop it from the engine); commands still queued fail too."
@@ -421,11 +420,11 @@ class LoopSteps:
 
     def publish(self) -> None:
         "Copy the counters for /metrics: one consistent reading between two steps, swapped in whole."
-        s, sched, bm = self.stats, self.engine.scheduler_stats(), self.engine.block_manager
+        s, sched = self.stats, self.engine.scheduler_stats()
         s.running = sched.num_running
         s.waiting = sched.num_waiting
         s.num_preemptions = sched.num_preemptions
-        s.kv_cache_usage = 0.0 if bm is None else bm.used_blocks / bm.num_blocks
+        s.kv_cache_usage = sched.num_used_blocks / sched.num_blocks
         if s.num_spec_tokens and sched.spec is not None:
             m, K = sched.spec, s.num_spec_tokens
             accepted, drafted = (m.accepted_per_pos + [0] * K)[:K], (m.drafted_per_pos + [0] * K)[:K]
@@ -443,7 +442,7 @@ class EngineLoop(LoopRun, LoopRequests, LoopSteps):
         self.engine = engine
         self.commands = queue.SimpleQueue()
         self.streams = {}                    # req_id -> Stream, while a handler waits on the request
-        K = engine.kappa_max if engine.drafter is not None else 0
+        K = engine.config.kappa_max                # 0 for an engine without a drafter
         self.stats = ServerStats(K, SpecMetrics(0, 0, 0, [0] * K) if K else None)   # zeros before any step
         self.snapshot = copy.deepcopy(self.stats)
         self.max_waiting = 0                 # the longest waiting queue seen after a step
@@ -1296,7 +1295,7 @@ def model_limits(app: FastAPI, vocab_size: int, context: int | None) -> None:
 def build_app(lp: EngineLoop, model_name: str = "speclab") -> FastAPI:
     "The FastAPI app: /health, /v1/models, /v1/completions, /v1/chat/completions and /metrics over one engine thread."
     app = FastAPI(title="speclab serve", lifespan=lifespan, docs_url=None, redoc_url=None)
-    context = lp.engine.context              # read once, here: handlers read `app.state.info`, never the engine
+    context = lp.engine.config.context       # read once, here: handlers read `app.state.info`, never the engine
     app.state.info = ServerInfo(model_name, context if isinstance(context, int) else None, int(time.time()),
                                 lp.engine.tokenizer)
     app.state.engine_loop = lp

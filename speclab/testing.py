@@ -293,19 +293,6 @@ def _own_sampler(md: Any, logits: torch.Tensor, draft_probs: torch.Tensor | None
         out[b, :len(emitted)] = torch.tensor(emitted)
     return out.to(logits.device)
 
-def _lenient_commit(bm: Any) -> None:
-    "Let the block manager commit emitted tokens that differ from the drafts (the bonus fault keeps stale K/V)."
-    if getattr(bm, "_planted", False):
-        return
-    original = bm.commit
-
-    def commit(req_id, num_accepted, emitted_tokens):
-        r = bm._get(req_id)
-        if r.spec_tokens is not None:
-            r.spec_tokens = list(emitted_tokens[:num_accepted]) + list(r.spec_tokens[num_accepted:])
-        return original(req_id, num_accepted, emitted_tokens)
-    bm.commit, bm._planted = commit, True
-
 def _stale_rows(processors: Any, md: Any) -> Any:
     "Processor rows for every sampled position from the request's history at the step's start (the penalty bug)."
     n = torch.as_tensor(md.num_draft_tokens)
@@ -331,8 +318,6 @@ def faulty_sampler(engine: Any, fault: str, sampler: Callable[..., torch.Tensor]
         elif fault == "batch_dependent" and len(md.num_draft_tokens) > 2 and draft_probs is not None:
             draft_probs = draft_probs.roll(1, 0)
         elif fault in ("recovered_from_p", "bonus_after_reject") and not sampling.all_greedy:
-            if fault == "bonus_after_reject":
-                _lenient_commit(engine.block_manager)
             return _own_sampler(md, logits, draft_probs, sampling, fault)
         return sampler(md, logits, draft_probs, sampling, backend)
     return sample
@@ -341,8 +326,8 @@ def plant_fault(engine: Any, fault: str | None) -> None:
     "Swap the engine's sampler or request handling for a faulty one (None: put the correct ones back). Tests only."
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"fault must be None or one of {', '.join(FAULTS)}, got {fault!r}")
-    original = engine.__dict__.setdefault("_correct", (engine.sampler, engine.add_request))
-    engine.sampler, engine.add_request = original
+    original = engine.__dict__.setdefault("_correct", (engine.runner.sampler, engine.add_request))
+    engine.runner.sampler, engine.add_request = original
     if fault in ("shared_rng", "seed_ignored"):
         add, seed = original[1], int(engine.gen.initial_seed())
 
@@ -354,9 +339,7 @@ def plant_fault(engine: Any, fault: str | None) -> None:
             return add(prompt, params, on_tokens, arrival_time)
         engine.add_request = add_request
     elif fault is not None:
-        engine.sampler = faulty_sampler(engine, fault, original[0])
-    if engine.runner is not None:                 # a pool exists: its runner calls the sampler
-        engine.runner.sampler = engine.sampler
+        engine.runner.sampler = faulty_sampler(engine, fault, original[0])   # the runner holds the one sampler
 
 # %% ../nbs/95_testing.ipynb #55a8235b
 @contextmanager
