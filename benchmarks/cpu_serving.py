@@ -20,7 +20,7 @@ text) and end in their own --suffix-len (16) tokens, --prefix-output (32) new to
 plain decoding, with enable_prefix_caching on and off. Two arrival patterns: "burst" (all requests at once: those
 admitted in the same step each compute the prefix, since a block becomes shareable only once it is computed) and
 "warm" (one request first, the others once it has finished: every later request finds the prefix cached). Reported:
-the prompt tokens the target computed (prompt tokens - engine.scheduler.num_cached_tokens), everything the target
+the prompt tokens the target computed (prompt tokens - the engine's num_cached_tokens), everything the target
 computed (engine.stats["target_tokens"], decoding included), the seconds, and whether the outputs with and without
 the cache are equal.
 
@@ -191,7 +191,7 @@ def prefix_part(a: argparse.Namespace, target: torch.nn.Module) -> dict:
             outs = eng.generate(prompts[:1], sp) + eng.generate(prompts[1:], sp)
         seconds = time.perf_counter() - t0
         return dict(seconds=seconds, target_tokens=eng.stats["target_tokens"],
-                    cached=eng.scheduler.num_cached_tokens, outputs=[o.token_ids for o in outs])
+                    cached=eng.scheduler_stats().num_cached_tokens, outputs=[o.token_ids for o in outs])
 
     run("burst", True)                                         # warm-up
     runs = {(p, c): [] for p in ("burst", "warm") for c in (False, True)}

@@ -60,7 +60,8 @@ def step_split(target, draft, prompts: list, tokens: int) -> dict:
     engine.forward_paged = timed(original, fwd)
     try:
         eng = SpecDecoder(target, ModelDrafter(draft), kappa=3, max_num_seqs=len(prompts))
-        eng.sampler = timed(eng.sampler, smp)
+        holder = eng if getattr(eng, "runner", None) is None else eng.runner   # the runner holds it since issue 40
+        holder.sampler = timed(holder.sampler, smp)
         t0 = time.perf_counter()
         eng.generate(prompts, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
         total = time.perf_counter() - t0

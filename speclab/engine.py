@@ -568,6 +568,10 @@ class StepPlan:
         "Per request: the first position the step computes (its computed count when the step began)."
         return [s.positions[0] for s in self.steps]
 
+    def take(self, rows: list[int]) -> "StepPlan":
+        "The plan of the requests at `rows` only (a drafter that serves part of a batch, a request rerun alone)."
+        return StepPlan([self.requests[i] for i in rows], [self.kappas[i] for i in rows], [self.steps[i] for i in rows])
+
 class Proposal(NamedTuple):
     "A drafter's answer: drafts per request, their q rows, and how many draft positions each request's cache holds now."
     drafts: list
@@ -846,6 +850,10 @@ class SpecDecoder:
     def running_ids(self) -> list[int]:
         "The running requests' ids, oldest admission first."
         return list(self.scheduler.running)
+
+    def waiting_ids(self) -> list[int]:
+        "The waiting requests' ids, in the order they will be admitted."
+        return [r.req_id for r in self.scheduler.waiting]
 
     def block_usage(self) -> tuple[int, int]:
         "(KV blocks held by requests, blocks in the pool)."

@@ -265,7 +265,7 @@ def test_serve_drafts_with_the_eagle_head():
         draft, ngram, kappa = drafting(build_parser().parse_args(argv))
         assert (resolve_checkpoint(draft, "draft"), ngram, kappa) == (eagle_path(), None, want), argv
     eng = load_engine(tiny_pair_path("target"), eagle_path(), kappa=2)
-    assert isinstance(eng.drafter, EagleDrafter) and eng.kappa == 2
+    assert isinstance(eng.drafter, EagleDrafter) and eng.config.kappa == 2
     out = eng.generate(["def add(a, b):\n    return"], None)[0]
     assert out.error is None and eng.metrics.num_draft_tokens > 0
 

@@ -68,9 +68,10 @@ class WrongFeature(EagleDrafter):
 
 class Recompute(EagleDrafter):
     "A reference with no memory between steps: the head's K/V recomputed from position 0 every step."
-    def propose(self, batch, kappas):
-        self.trusted = {}
-        return super().propose(batch, kappas)
+    def propose(self, plan):
+        for r in plan.requests:
+            r.num_draft_computed = 0
+        return super().propose(plan)
 
 
 class Recording:
@@ -78,6 +79,7 @@ class Recording:
     def __init__(self, inner):
         self.inner, self.drafts = inner, {}
         self.uses_probs, self.vocab_size, self.tokenizer = inner.uses_probs, inner.vocab_size, None
+        self.reuses_prefix_kv = getattr(inner, "reuses_prefix_kv", True)
 
     def bind(self, *a):
         self.inner.bind(*a)
@@ -85,11 +87,11 @@ class Recording:
     def forward_target(self, *a):
         return self.inner.forward_target(*a)
 
-    def propose(self, batch, kappas):
-        drafts, q, fed = self.inner.propose(batch, kappas)
-        for r, d in zip(batch, drafts):
+    def propose(self, plan):
+        drafts, q, fed = self.inner.propose(plan)
+        for r, d in zip(plan.requests, drafts):
             self.drafts.setdefault(r.req_id, []).append(tuple(d))
-        return drafts, q
+        return drafts, q, fed
 
 
 def eagle(vocab_size=V, cls=EagleDrafter):
@@ -187,7 +189,7 @@ def test_preemption_recomputes_the_features():
     prompts, max_tokens, plain = greedy_case(64)
     outs, drafts, eng = _run(eagle(64), prompts, max_tokens, num_blocks=24, block_size=4)
     ref_outs, ref_drafts, _ = _run(eagle(64, Recompute), prompts, max_tokens, num_blocks=24, block_size=4)
-    assert eng.scheduler.num_preemptions > 0
+    assert eng.scheduler_stats().num_preemptions > 0
     assert outs == plain == ref_outs
     assert drafts == ref_drafts
 
@@ -246,7 +248,7 @@ def test_prefix_hit_reads_features_stored_with_the_block():
         eng = SpecDecoder(pair(64)[0], rec, kappa=3, block_size=4, enable_prefix_caching=caching)
         outs = [eng.generate([p], SamplingParams(temperature=0, max_tokens=12))[0].token_ids for p in prompts]
         drafted = [d for d in rec.drafts[1] if d]                  # without the kappa-0 catch-ups' ()
-        runs[caching] = (outs, drafted, eng.scheduler.num_cached_tokens)
+        runs[caching] = (outs, drafted, eng.scheduler_stats().num_cached_tokens)
     assert runs[True][2] == 12 and runs[False][2] == 0            # the hit: 3 blocks of 4 tokens
     assert runs[True][0] == runs[False][0] == [plain_generate(pair(64)[0], None, p, 12, temperature=0) for p in prompts]
     assert runs[True][1] == runs[False][1]

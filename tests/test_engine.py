@@ -397,9 +397,9 @@ class ScriptedDrafter:
     def bind(self, num_blocks, block_size, sliding_window):
         pass
 
-    def propose(self, batch, kappas):
+    def propose(self, plan):
         drafts = []
-        for r, k in zip(batch, kappas):
+        for r, k in zip(plan.requests, plan.kappas):
             d = list(self.ref[len(r.token_ids) - len(PROMPT):][:k])
             if self.wrong_at is not None and self.wrong_at < k:
                 d[self.wrong_at] = (d[self.wrong_at] + 1) % V
@@ -625,17 +625,18 @@ def test_one_record_per_request_shared_with_the_block_manager():
            for i, p in enumerate(prompts)]
     records = {rid: eng.requests[rid] for rid in ids}
     lists = {rid: r.token_ids for rid, r in records.items()}
-    bm, steps = eng.block_manager, 0
+    bm, steps = eng.scheduler.block_manager, 0
     assert not bm.requests                                  # waiting: nothing registered yet
     while eng.has_unfinished():
         eng.step()
         steps += 1
-        for rid, r in eng.scheduler.running.items():
+        for rid in eng.running_ids():
+            r = eng.requests[rid]
             assert bm.requests[rid] is r is records[rid]
             assert r.token_ids is lists[rid] and r.token_ids == prompts[rid] + streamed.get(rid, [])
-            assert r.block_hashes == hash_chain(r.token_ids, 4) and r.spec_tokens is None
+            assert r.block_hashes == hash_chain(r.token_ids, 4) and r.num_lookahead_tokens is None
             assert r.num_computed_tokens == len(r.token_ids) - 1 and r.block_table is r.block_ids
         assert all(bm.requests[rid] is r for rid, r in records.items() if r.status == "running")
-    assert eng.scheduler.num_preemptions > 0 and not bm.requests
+    assert eng.scheduler_stats().num_preemptions > 0 and not bm.requests
     for rid, r in records.items():
         assert r.token_ids is lists[rid] and r.token_ids == prompts[rid] + streamed[rid] and len(streamed[rid]) == 12

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from speclab.engine import ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder
-from speclab.kv import check_invariants
+from speclab.kvlab import check_invariants
 from speclab.sampling import NO_VALID_TOKEN_ID
 from speclab.eagle import load_drafter
 from speclab.model import load_model, load_tokenizer
@@ -76,9 +76,9 @@ def run_all(eng: SpecDecoder, prompts: list, params: list, on_tokens: dict | Non
         for out in eng.step():
             if out.finished is not None:
                 done[out.req_id] = out.finished
-        bad = check_invariants(eng.block_manager, finalized={i: r.token_ids for i, r in records.items()})
+        bad = check_invariants(eng.scheduler.block_manager, finalized={i: r.token_ids for i, r in records.items()})
         assert bad == [], bad
-    assert eng.block_manager.free_blocks == eng.block_manager.num_blocks      # every block back in the pool
+    assert eng.block_usage()[0] == 0      # every block back in the pool
     return [done[i] for i in ids]
 
 
@@ -123,10 +123,10 @@ def test_contradictions_seen_in_the_fields_are_refused_before_queueing(temperatu
 
 class Faulty:
     "Planted, before a drafter in the bases: drafting raises whenever a request of `max_tokens` 7 is in the batch."
-    def propose(self, batch, kappas):
-        if any(r.params.max_tokens == 7 for r in batch):
+    def propose(self, plan):
+        if any(r.params.max_tokens == 7 for r in plan.requests):
             raise RuntimeError("planted drafting fault")
-        return super().propose(batch, kappas)
+        return super().propose(plan)
 
 
 class FaultyNgram(Faulty, NgramDrafter):
@@ -138,10 +138,12 @@ class FaultyModel(Faulty, ModelDrafter):
 
 
 def plant_drafter(eng: SpecDecoder) -> None:
-    "Swap the engine's drafter for its planted twin (the pool is built at the first request: binding comes later)."
+    "Swap the engine's drafter for its planted twin, bound to the engine's pool as the runner binds its own."
     d = eng.drafter
     ngram = isinstance(d, NgramDrafter)
-    eng.drafter = FaultyNgram(d.n, d.min_n) if ngram else FaultyModel(d.model, d.greedy, d.tokenizer)
+    planted = FaultyNgram(d.n, d.min_n) if ngram else FaultyModel(d.model, d.greedy, d.tokenizer)
+    eng.drafter = eng.runner.drafter = planted
+    eng.drafter.bind(eng.config.num_blocks, eng.config.block_size, eng.config.sliding_window)
 
 
 def plant_sampler(eng: SpecDecoder) -> None:
@@ -150,8 +152,8 @@ def plant_sampler(eng: SpecDecoder) -> None:
         if bool((sampling.temperature == 0.7).any()):
             raise RuntimeError("planted sampler fault")
         return original(md, logits, draft_probs, sampling, backend)
-    original = eng.sampler
-    eng.sampler = sampler
+    original = eng.runner.sampler                              # the runner holds the one sampler
+    eng.runner.sampler = sampler
 
 
 @pytest.mark.parametrize("stage", ["draft", "verify", "update"])
@@ -236,4 +238,4 @@ def test_through_the_server_a_fault_and_the_issues_requests_end_alone(x_id):
     assert [r.json()["choices"][0]["text"] for r in neighbours] == want
     assert again.status_code == 200 and again.json()["choices"][0]["text"] == want[0]
     assert health.status_code == 200
-    assert eng.block_manager.free_blocks == eng.block_manager.num_blocks       # the engine thread has stopped
+    assert eng.block_usage()[0] == 0       # the engine thread has stopped

@@ -330,8 +330,8 @@ def test_every_field_at_once_at_the_grids_power(drafter):
 def test_fields_through_prefix_hits_and_preemption(drafter):
     "The same law while requests hit the prefix cache and are preempted and recomputed (both must happen)."
     counts, eng = law_counts(drafter, draws(TV_FIELDS_EVENTS), "preemption")
-    assert eng.scheduler.num_preemptions > 0
-    assert eng.scheduler.num_cached_tokens > 0
+    assert eng.scheduler_stats().num_preemptions > 0
+    assert eng.scheduler_stats().num_cached_tokens > 0
     for name in LAW_NAMES:
         pval, flags = check(counts[NAMES.index(name)], name)
         assert flags <= TV_FIELDS_EVENTS, f"{name}: detectable TV {flags:.3f} above the stated"
@@ -416,9 +416,9 @@ class StageSpy:
     def bind(self, eng: SpecDecoder) -> None:
         verify = eng.runner.verify
 
-        def verify_and_remember(plan, proposal, block_manager):
+        def verify_and_remember(plan, proposal):
             self.batch = [(r.params, list(r.output_ids)) for r in plan.requests]
-            return verify(plan, proposal, block_manager)
+            return verify(plan, proposal)
         eng.runner.verify = verify_and_remember
 
     def __call__(self, md, logits, draft_probs, sampling_md, backend):
@@ -475,7 +475,6 @@ def spy_run(drafter: str, config: str, bug: str | None = None) -> tuple[StageSpy
         items = [p for k, q in enumerate(items) for p in ((q, greedy("filler")) if k % 2 == 0 else (q,))]
     spy = StageSpy()
     eng = SpecDecoder(pair()[0], make_drafter(drafter), kappa=KAPPA, seed=1, sampler=spy, **SPY_CONFIGS[config])
-    eng.make_pool(eng.num_blocks)
     spy.bind(eng)
     with planted(bug):
         outs = eng.generate([PROMPT] * len(items), items)
@@ -492,7 +491,7 @@ def test_every_position_is_plain_decoding_exactly(drafter, config):
     checked, wrong = stage_mismatches(spy)
     assert eng.metrics.num_draft_tokens > 0 and checked > len(spy.steps)
     if config == "preemption":
-        assert eng.scheduler.num_preemptions > 0 and eng.scheduler.num_cached_tokens > 0
+        assert eng.scheduler_stats().num_preemptions > 0 and eng.scheduler_stats().num_cached_tokens > 0
     assert not wrong, f"{drafter} {config}: positions off plain decoding for {sorted(wrong)}"
 
 

@@ -44,9 +44,9 @@ import numpy as np
 import pytest
 import torch
 
-from speclab.engine import (FINISHED, ModelDrafter, NgramDrafter, Output, RequestState, SamplingParams, SpecDecoder,
-                            pool_blocks)
-from speclab.kv import FREED, BuggyPrefixManager, BuggyWindowManager, check_invariants, hash_chain
+from speclab.engine import FINISHED, ModelDrafter, NgramDrafter, Output, RequestState, SamplingParams, SpecDecoder
+from speclab.kv import FREED, hash_chain
+from speclab.kvlab import BuggyPrefixManager, BuggyWindowManager, check_invariants, manager_state
 from speclab.model import KVCache, Llama, forward
 from speclab.model import generate as plain_generate
 from speclab.proof import LEVEL, chi_square_gof, detectable_tv, draws_for_law
@@ -90,9 +90,9 @@ def make_drafter(name: str) -> ModelDrafter | NgramDrafter:
     return NgramDrafter(n=2)
 
 
-def open_pool(eng: SpecDecoder) -> None:
-    "Make the engine's KV pool now, as its first add_request would (so that a test can watch or swap its parts)."
-    eng.make_pool(pool_blocks(eng))
+def running_records(eng: SpecDecoder) -> list[RequestState]:
+    "The running requests' records, oldest admission first."
+    return [eng.requests[i] for i in eng.running_ids()]
 
 
 def watch_preemptions(eng: SpecDecoder) -> list[tuple[int, int]]:
@@ -114,13 +114,11 @@ def run_online(eng: SpecDecoder, items: list[tuple[list[int], SamplingParams]], 
     """Feed (prompt, params) items between steps, keeping at most `chunk` of them waiting, and step until every one
     finished: requests join while others run. After each step `after_step` gets every request's state so far
     (finished ones included). Returns the outputs in item order and the req_id of each item."""
-    if eng.scheduler is None:
-        open_pool(eng)
     pending = deque(enumerate(items))
     req_ids = [-1] * len(items)
     index, outputs, states = {}, {}, {}
     while pending or eng.has_unfinished():
-        while pending and len(eng.scheduler.waiting) < chunk:
+        while pending and eng.num_waiting() < chunk:
             i, (prompt, params) = pending.popleft()
             req_ids[i] = eng.add_request(prompt, params)
             index[req_ids[i]] = i
@@ -223,7 +221,6 @@ def law_run(config: str, sizes: tuple[int, ...]) -> tuple[np.ndarray, SpecDecode
         setting.append(int(s))
     eng = SpecDecoder(pair()[0], make_drafter("model"), kappa=3, seed=engine_seed("law", config, sizes),
                       **LAW_CONFIGS[config])
-    open_pool(eng)
     victims = watch_preemptions(eng)
     outs, req_ids = run_online(eng, items, ARRIVAL_CHUNK)
     setting = np.array(setting)
@@ -299,10 +296,10 @@ def test_greedy_under_events(drafter, block_size):
                       block_size=block_size, num_blocks=GREEDY_POOL[block_size])
     outs, _ = run_online(eng, items, chunk=4)
     assert [o.token_ids for o in outs] == [expected_greedy(p, sp) for p, sp in items]
-    assert eng.scheduler.num_cached_tokens > 0
-    assert eng.scheduler.num_preemptions > 0
+    assert eng.scheduler_stats().num_cached_tokens > 0
+    assert eng.scheduler_stats().num_preemptions > 0
     assert eng.metrics.num_draft_tokens > 0
-    assert eng.block_manager.free_blocks == eng.block_manager.num_blocks
+    assert eng.block_usage()[0] == 0
 
 
 # --- 3. a seeded request survives preemption -------------------------------------------------------------------------
@@ -321,7 +318,6 @@ def test_seeded_request_survives_preemption(drafter):
     alone = SpecDecoder(target, make_drafter(drafter), kappa=3, seed=2, block_size=2).generate([PROMPT], [mine])[0]
     assert roomy_outs[1].token_ids == alone.token_ids
     eng = SpecDecoder(target, make_drafter(drafter), kappa=3, seed=3, block_size=2, num_blocks=24)
-    open_pool(eng)
     victims = watch_preemptions(eng)
     older_id = eng.add_request(*older)
     req_id = eng.add_request(PROMPT, mine)
@@ -331,7 +327,7 @@ def test_seeded_request_survives_preemption(drafter):
         for out in eng.step():
             if out.finished is not None:
                 outputs[out.req_id] = out.finished
-        waited_with_tokens |= state in eng.scheduler.waiting and len(state.output_ids) > 0
+        waited_with_tokens |= state.req_id in eng.waiting_ids() and len(state.output_ids) > 0
     assert any(r == req_id and emitted > 0 for r, emitted in victims), victims
     assert waited_with_tokens
     assert outputs[req_id].token_ids == alone.token_ids
@@ -389,7 +385,7 @@ def record_fed_sequences(eng: SpecDecoder) -> list[list[int]]:
 def cached_kv_violations(eng: SpecDecoder, finalized: list[list[int]]) -> list[str]:
     """Prefix-cache blocks whose K/V, in the target's pool or the draft model's, differ from a fresh computation of
     their key's tokens: a request that hits such a block would read K/V of other tokens (an uncommitted slot)."""
-    bm = eng.block_manager
+    bm = eng.scheduler.block_manager
     if not bm.cached:
         return []
     if not hasattr(eng, "key_prefix"):
@@ -400,8 +396,8 @@ def cached_kv_violations(eng: SpecDecoder, finalized: list[list[int]]) -> list[s
         seq = tuple(seq)
         if seq not in eng.chained:
             eng.chained.add(seq)
-            for i, key in enumerate(hash_chain(seq, eng.block_size)):
-                prefix.setdefault(key, seq[:(i + 1) * eng.block_size])
+            for i, key in enumerate(hash_chain(seq, eng.config.block_size)):
+                prefix.setdefault(key, seq[:(i + 1) * eng.config.block_size])
     eng.fed_chained = len(fed)
     unknown = [key for key in bm.cached if key not in prefix]
     if unknown:
@@ -414,7 +410,7 @@ def cached_kv_violations(eng: SpecDecoder, finalized: list[list[int]]) -> list[s
     bad = []
     for name, which, pool in pools:
         got = torch.stack([torch.stack([kv.k[blocks], kv.v[blocks]], 1) for kv in pool], 1)
-        want = fresh_kv(which, keys, eng.block_size)
+        want = fresh_kv(which, keys, eng.config.block_size)
         err = (got - want).abs().flatten(1).amax(1)
         for i in (err > KV_ATOL).nonzero()[:, 0].tolist():
             bad.append(f"prefix cache: block {int(blocks[i])} of the {name} pool does not hold the K/V of its key "
@@ -434,13 +430,13 @@ def step_violations(eng: SpecDecoder, states: dict[int, RequestState],
     bad = []
     if "invariants" in checks:
         finalized = [r.prompt_ids + r.output_ids for r in states.values()]
-        bad += check_invariants(eng.block_manager, finalized=finalized)
+        bad += check_invariants(eng.scheduler.block_manager, finalized=finalized)
         bad += length_violations(eng)
-    if "kv" in checks and eng.sliding_window is None:      # fresh_kv attends to every position
+    if "kv" in checks and eng.config.sliding_window is None:      # fresh_kv attends to every position
         bad += cached_kv_violations(eng, [r.prompt_ids + r.output_ids for r in states.values()])
     if "greedy" in checks:
         for r in states.values():
-            want = expected_greedy(r.prompt_ids, r.params, eng.sliding_window)
+            want = expected_greedy(r.prompt_ids, r.params, eng.config.sliding_window)
             if r.params.greedy and r.output_ids != want[:len(r.output_ids)]:
                 bad.append(f"request {r.req_id}: greedy tokens {r.output_ids} are not plain greedy decoding")
     return bad
@@ -471,7 +467,7 @@ def greedy_violations(recorded: list[tuple[int, int, tuple[int, ...]]],
 def length_violations(eng: SpecDecoder) -> list[str]:
     "Running requests whose target or draft computed length is out of range between steps."
     bad = []
-    for r in eng.scheduler.running.values():
+    for r in running_records(eng):
         if r.num_computed_tokens > len(r.token_ids) - 1:
             bad.append(f"request {r.req_id}: num_computed_tokens {r.num_computed_tokens} > "
                        f"{len(r.token_ids)} tokens - 1")
@@ -506,11 +502,10 @@ def fuzz_engine(rng: random.Random, seed: int, policy: str, sliding_window: int 
     eng = SpecDecoder(pair()[0], make_drafter(drafter), kappa=kappa, seed=engine_seed("fuzz", seed),
                       block_size=block_size, num_blocks=num_blocks, max_num_seqs=rng.choice((2, 4, 8, 256)),
                       max_num_batched_tokens=rng.choice((16, 64, 8192)), sliding_window=sliding_window)
-    open_pool(eng)
     eng.fed_sequences = record_fed_sequences(eng)
     if policy != "speclab":
         wrong = {"buggy_prefix": BuggyPrefixManager, "buggy_window": BuggyWindowManager}[policy]
-        eng.scheduler.block_manager = wrong(num_blocks, block_size, eng.block_manager.sliding_window)
+        eng.scheduler.block_manager = wrong(num_blocks, block_size, eng.scheduler.block_manager.sliding_window)
     return eng
 
 
@@ -536,7 +531,7 @@ def fuzz_run(seed: int, policy: str = "speclab", checks: tuple[str, ...] = FUZZ_
                 seen["kappa0"] += states[req_id].params.kappa == 0
         if live and rng.random() < 0.05:
             req_id = live.pop(rng.randrange(len(live)))
-            seen["aborted_running" if req_id in eng.scheduler.running else "aborted_waiting"] += 1
+            seen["aborted_running" if req_id in eng.running_ids() else "aborted_waiting"] += 1
             eng.abort(req_id)
         before = eng.stats["target_tokens"]
         outs = eng.step()
@@ -550,12 +545,12 @@ def fuzz_run(seed: int, policy: str = "speclab", checks: tuple[str, ...] = FUZZ_
                 if r.params.greedy and last.get(r.req_id) != len(r.output_ids):
                     last[r.req_id] = len(r.output_ids)
                     recorded.append((step, r.req_id, tuple(r.output_ids)))
-        seen["freed_entries"] += sum(r.block_table.count(FREED) for r in eng.scheduler.running.values())
-        if len(outs) > eng.max_num_seqs:
-            bad.append(f"{len(outs)} requests ran in one step, max_num_seqs is {eng.max_num_seqs}")
-        if eng.stats["target_tokens"] - before > eng.max_num_batched_tokens and len(outs) > 1:
+        seen["freed_entries"] += sum(r.block_table.count(FREED) for r in running_records(eng))
+        if len(outs) > eng.config.max_num_seqs:
+            bad.append(f"{len(outs)} requests ran in one step, max_num_seqs is {eng.config.max_num_seqs}")
+        if eng.stats["target_tokens"] - before > eng.config.max_num_batched_tokens and len(outs) > 1:
             bad.append(f"{len(outs)} requests computed {eng.stats['target_tokens'] - before} positions in one step, "
-                       f"max_num_batched_tokens is {eng.max_num_batched_tokens}")
+                       f"max_num_batched_tokens is {eng.config.max_num_batched_tokens}")
         if bad:
             first, greedy_bad = greedy_violations(recorded, greedy_references(states, sliding_window))
             if first is not None and first < step:                  # greedy went wrong at an earlier step
@@ -565,7 +560,7 @@ def fuzz_run(seed: int, policy: str = "speclab", checks: tuple[str, ...] = FUZZ_
     first, greedy_bad = greedy_violations(recorded, want)
     if greedy_bad:
         return [f"seed {seed}, step {first}: {b}" for b in greedy_bad], seen
-    bm = eng.block_manager
+    bm = eng.scheduler.block_manager
     assert not eng.has_unfinished() and not eng.requests and not bm.requests, f"seed {seed}: did not drain"
     assert all(r.status == FINISHED for r in states.values())
     assert bm.free_blocks == bm.num_blocks
@@ -574,9 +569,9 @@ def fuzz_run(seed: int, policy: str = "speclab", checks: tuple[str, ...] = FUZZ_
         assert 1 <= len(out.token_ids) <= r.params.max_tokens
         if r.params.greedy:
             assert out.token_ids == want[req_id], f"seed {seed}, request {req_id}"
-    seen.update(requests=len(states), finished=len(outputs), preemptions=eng.scheduler.num_preemptions,
+    seen.update(requests=len(states), finished=len(outputs), preemptions=eng.scheduler_stats().num_preemptions,
                 preempted_mid_run=sum(emitted > 0 for _, emitted in victims),
-                cached_tokens=eng.scheduler.num_cached_tokens, steps=step)
+                cached_tokens=eng.scheduler_stats().num_cached_tokens, steps=step)
     return [], seen
 
 
@@ -645,19 +640,19 @@ def test_abort_waiting_and_running_requests():
                       num_blocks=64, max_num_seqs=2)
     ids = [eng.add_request(p, greedy(12)) for p in prompts]
     eng.step()
-    bm = eng.block_manager
-    assert list(eng.scheduler.running) == ids[:2]
-    assert [r.req_id for r in eng.scheduler.waiting] == ids[2:]
+    bm = eng.scheduler.block_manager
+    assert eng.running_ids() == ids[:2]
+    assert eng.waiting_ids() == ids[2:]
     free = bm.free_blocks
     held = len(eng.requests[ids[0]].block_table)
     assert held > 0 and all(bm.ref_cnt[b] == 1 for b in eng.requests[ids[0]].block_table)   # private blocks
     eng.abort(ids[0])
     assert bm.free_blocks == free + held
-    assert ids[0] not in bm.requests and ids[0] not in eng.requests and ids[0] not in eng.scheduler.running
+    assert ids[0] not in bm.requests and ids[0] not in eng.requests and ids[0] not in eng.running_ids()
     eng.abort(ids[3])
     assert bm.free_blocks == free + held
     assert ids[3] not in bm.requests and ids[3] not in eng.requests
-    assert [r.req_id for r in eng.scheduler.waiting] == [ids[2], ids[4]]
+    assert eng.waiting_ids() == [ids[2], ids[4]]
     assert check_invariants(bm) == []
     with pytest.raises(ValueError, match="id 12345$"):
         eng.abort(12345)
@@ -681,14 +676,14 @@ def test_request_larger_than_the_pool_is_refused():
     it comes back alone as an error Output while the rest is decoded."""
     eng = SpecDecoder(pair()[0], make_drafter("model"), kappa=3, block_size=2, num_blocks=8)
     fits = eng.add_request(PROMPT, greedy(4))                       # 5 + 4 + 3 + 1 slots: 7 blocks
-    before = (list(eng.requests), list(eng.scheduler.waiting), eng.block_manager.state())
+    before = (list(eng.requests), eng.waiting_ids(), manager_state(eng.scheduler.block_manager))
     with pytest.raises(ValueError, match="num_blocks"):
         eng.add_request(PROMPT, greedy(20))                         # 15 blocks
-    assert (list(eng.requests), list(eng.scheduler.waiting), eng.block_manager.state()) == before
+    assert (list(eng.requests), eng.waiting_ids(), manager_state(eng.scheduler.block_manager)) == before
     outs = eng.generate([PROMPT, PROMPT], [greedy(20), greedy(3)])
     assert outs[0].finish_reason == "error" and "num_blocks" in outs[0].error
     assert outs[1].token_ids == expected_greedy(PROMPT, greedy(3))
-    assert fits not in eng.requests and eng.block_manager.free_blocks == 8
+    assert fits not in eng.requests and eng.block_usage() == (0, 8)
 
 
 def test_requests_added_between_steps_stream_their_output():
@@ -721,7 +716,7 @@ def test_requests_added_between_steps_stream_their_output():
     assert all(streamed[k] == stepped_tokens for k, stepped_tokens in stepped.values())
     assert all(streamed[k] == outputs[k] for k in items)
     assert all(outputs[k] == expected_greedy(*items[k]) for k in items if items[k][1].greedy)
-    assert eng.scheduler.num_preemptions > 0
+    assert eng.scheduler_stats().num_preemptions > 0
 
 
 def test_max_num_batched_tokens_bounds_every_step():
@@ -735,7 +730,6 @@ def test_max_num_batched_tokens_bounds_every_step():
     items.insert(12, (long_prompt, greedy(8)))
     eng = SpecDecoder(pair()[0], make_drafter("model"), kappa=3, seed=engine_seed("budget"), block_size=4,
                       num_blocks=200, max_num_batched_tokens=limit)
-    open_pool(eng)
     ids = [eng.add_request(p, sp) for p, sp in items]
     over, first_batch, outputs = [], None, {}
     while eng.has_unfinished():
@@ -750,7 +744,7 @@ def test_max_num_batched_tokens_bounds_every_step():
                 outputs[out.req_id] = out.finished.token_ids
     assert over == [(len(long_prompt) + 3, [ids[12]])], over   # its prompt and three drafts, alone in the step
     assert first_batch < len(items)
-    assert eng.scheduler.num_preemptions == 0
+    assert eng.scheduler_stats().num_preemptions == 0
     assert [outputs[i] for i in ids] == [expected_greedy(p, sp) for p, sp in items]
 
 
@@ -760,7 +754,7 @@ def test_max_num_seqs_bounds_the_running_batch():
     items = [(shared_prefix_prompt(rng), greedy(rng.randint(1, 12))) for _ in range(16)]
     eng = SpecDecoder(pair()[0], make_drafter("ngram"), kappa=3, block_size=2, num_blocks=200, max_num_seqs=3)
     sizes = []
-    outs, _ = run_online(eng, items, chunk=16, after_step=lambda _: sizes.append(len(eng.scheduler.running)))
+    outs, _ = run_online(eng, items, chunk=16, after_step=lambda _: sizes.append(eng.num_running()))
     assert max(sizes) == 3
     assert eng.stats["steps"] >= len(items) / 3
     assert [o.token_ids for o in outs] == [expected_greedy(p, sp) for p, sp in items]
@@ -775,8 +769,9 @@ def test_prefix_caching_off():
         eng = SpecDecoder(pair()[0], make_drafter("model"), kappa=3, seed=engine_seed("caching"), block_size=2,
                           num_blocks=GREEDY_POOL[2], enable_prefix_caching=caching)
         cached = []
-        outs, _ = run_online(eng, items, chunk=4, after_step=lambda _: cached.append(len(eng.block_manager.cached)))
-        runs[caching] = ([o.token_ids for o in outs], eng.scheduler.num_cached_tokens, max(cached))
+        cache = eng.scheduler.block_manager.cached
+        outs, _ = run_online(eng, items, chunk=4, after_step=lambda _: cached.append(len(cache)))
+        runs[caching] = ([o.token_ids for o in outs], eng.scheduler_stats().num_cached_tokens, max(cached))
     assert runs[False][1:] == (0, 0)
     assert runs[True][1] > 0
     assert runs[False][0] == runs[True][0] == [expected_greedy(p, sp) for p, sp in items]
@@ -797,8 +792,7 @@ def test_sliding_window(drafter):
     items = [([rng.randrange(V) for _ in range(rng.randint(14, 30))], greedy(rng.randint(8, 20))) for _ in range(8)]
     eng = SpecDecoder(pair()[0], make_drafter(drafter), kappa=3, seed=engine_seed("window", drafter), block_size=2,
                       num_blocks=40, sliding_window=WINDOW)
-    open_pool(eng)
-    bm = eng.block_manager
+    bm = eng.scheduler.block_manager
     seen = dict(freed_entries=0, grew=0)
     last = dict(free=bm.free_blocks, ids=set())
 
@@ -806,8 +800,8 @@ def test_sliding_window(drafter):
         "Check the invariants, and note window frees: FREED entries, and free-list growth with the same batch."
         finalized = [r.prompt_ids + r.output_ids for r in states.values()]
         assert check_invariants(bm, finalized=finalized) == []
-        running = set(eng.scheduler.running)
-        seen["freed_entries"] += sum(r.block_table.count(FREED) for r in eng.scheduler.running.values())
+        running = set(eng.running_ids())
+        seen["freed_entries"] += sum(r.block_table.count(FREED) for r in running_records(eng))
         seen["grew"] += running == last["ids"] and bm.free_blocks > last["free"]
         last.update(free=bm.free_blocks, ids=running)
 
@@ -833,9 +827,9 @@ def test_a_burst_sharing_a_prefix_computes_it_once():
         for o in eng.step():
             outs.setdefault(o.req_id, [])
             outs[o.req_id] += o.new_token_ids
-        first_step = first_step or list(eng.scheduler.running)
+        first_step = first_step or eng.running_ids()
     assert len(first_step) == 1                                         # the others waited for the prefix
-    assert eng.scheduler.num_cached_tokens == 5 * len(prefix)           # ... and then reused all of it
+    assert eng.scheduler_stats().num_cached_tokens == 5 * len(prefix)           # ... and then reused all of it
     assert [outs[i] for i in sorted(outs)] == [expected_greedy(p, sp) for p, sp in items]
 
 

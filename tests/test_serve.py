@@ -493,15 +493,15 @@ def test_siblings_share_prefix_blocks(client, server):
     prompt = "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n"
     engine = lp.engine
     n_prompt = len(engine.tokenizer(prompt)["input_ids"])
-    full = n_prompt // engine.block_size * engine.block_size
-    assert full >= engine.block_size, "the prompt must fill a block"
+    full = n_prompt // engine.config.block_size * engine.config.block_size
+    assert full >= engine.config.block_size, "the prompt must fill a block"
     idle_and_free(lp)                              # the counter is read while the engine thread has nothing to do
-    before = engine.scheduler.num_cached_tokens if engine.scheduler else 0
+    before = engine.scheduler_stats().num_cached_tokens
     got = complete(client, prompt=prompt, n=4, max_tokens=6, temperature=0.8, seed=1)
     assert [c["index"] for c in got["choices"]] == [0, 1, 2, 3]
     assert got["usage"]["prompt_tokens"] == n_prompt                     # the prompt is counted once
     idle_and_free(lp)
-    cached = engine.scheduler.num_cached_tokens - before
+    cached = engine.scheduler_stats().num_cached_tokens - before
     assert cached >= 3 * full, f"only {cached} prompt tokens came from the cache for 3 siblings of {full}"
 
 
