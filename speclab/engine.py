@@ -405,15 +405,16 @@ class ModelDrafter:
         "A draft pool shaped like the target's: same blocks and slots, the draft's own K/V tensors."
         w = self.model.head_weight
         self.cache = paged_cache(self.model.args, num_blocks, block_size, w.dtype, w.device)
+        self.device = w.device
         self.block_size = block_size
         self.sliding_window = sliding_window
 
     def _feed(self, batch: list[RequestState], starts: list[int], blocks: list[list[int]]) -> torch.Tensor:
         "Feed each request's block of new tokens at draft positions starts[b], ...; logits of each block's last token."
-        pb = paged_batch(blocks, starts, [r.block_table for r in batch], self.block_size,
-                         self.model.head_weight.device, self.sliding_window, check=False)   # the engine's own tables
+        pb = paged_batch(blocks, starts, [r.block_table for r in batch], self.block_size, self.device,
+                         self.sliding_window, check=False)   # the engine's own tables
         last = long_tensor([len(b) for b in blocks]).cumsum(0) - 1
-        return forward_paged(self.model, self.cache, pb, last.to(self.model.head_weight.device), check=False)
+        return forward_paged(self.model, self.cache, pb, last.to(self.device), check=False)
 
     def _draw(self, logits: torch.Tensor, batch: list[RequestState], all_greedy: bool,
               rows: ProcessorRows | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
