@@ -22,6 +22,7 @@ ms) that has nothing to do with the code, and the least time is the one without 
 """
 import argparse
 import importlib.util
+import inspect
 import random
 import subprocess
 import sys
@@ -55,7 +56,7 @@ def load_old(rev: str):
                          check=True).stdout
     path = Path(tempfile.mkdtemp()) / "old_kv.py"
     path.write_text(src)
-    spec = importlib.util.spec_from_file_location("old_kv", path)
+    spec = importlib.util.spec_from_file_location("speclab._old_kv", path)  # in speclab: `from .sampling` resolves
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -72,14 +73,30 @@ def allocate_slots(m):
     return getattr(m, "allocate_slots", None) or m.schedule
 
 
+def adder(mod, m):
+    """`add(req_id, prompt)` for manager `m` of module `mod`, on either API: a `Request` record (issue 40's manager
+    takes nothing else; making the record is part of an engine's cost), or the req_id and prompt of the managers
+    before it. Resolved once, outside the timed calls; it returns the tokens the prefix cache covered."""
+    if len(inspect.signature(m.add_request).parameters) == 1:
+        return lambda req_id, prompt: m.add_request(mod.Request(req_id, prompt))
+    return m.add_request
+
+
+def commit_one(m, req_id, token: int) -> int:
+    "Commit a step without drafts that emits `token` (issue 40: commit(req_id, num_drafted, num_accepted, emitted))."
+    if len(inspect.signature(m.commit).parameters) == 4:
+        return m.commit(req_id, 0, 0, [token])
+    return m.commit(req_id, 0, [token])
+
+
 def lookup_managers(mods: dict, prompt: list[int], block_size: int = 16) -> dict:
     "One manager per module, each with every full block of `prompt` cached and free."
     out = {}
     for name, mod in mods.items():
         m = mod.BlockManager(len(prompt) // block_size + 4, block_size)
-        m.add_request("warm", prompt + [1])
+        adder(mod, m)("warm", prompt + [1])
         allocate_slots(m)("warm")
-        m.commit("warm", 0, [2])
+        commit_one(m, "warm", 2)
         m.finish("warm")
         out[name] = m
     return out
@@ -89,9 +106,10 @@ def time_lookup(mods: dict, num_tokens: int, repeats: int, rng: random.Random) -
     "Least ns of add_request for a fully cached prompt of `num_tokens`, per manager."
     prompt = [rng.randrange(32000) for _ in range(num_tokens)]
     managers, times = lookup_managers(mods, prompt), {name: [] for name in mods}
+    adders = {name: adder(mods[name], m) for name, m in managers.items()}
     for i in range(repeats):
         for name, m in managers.items():
-            times[name].append(_timed(lambda: m.add_request(i, prompt + [7])))
+            times[name].append(_timed(lambda: adders[name](i, prompt + [7])))
             assert m.requests[i].num_computed_tokens == num_tokens, name  # every full block was a hit
             m.finish(i)
     return {name: min(t) for name, t in times.items()}
@@ -103,9 +121,9 @@ def reuse_managers(mods: dict, num_blocks: int) -> dict:
     for name, mod in mods.items():
         m = mod.BlockManager(num_blocks, 4)
         for n in range(num_blocks // 2):
-            m.add_request(n, [n, 0, 0, 0, 1])  # one full block (cached at its first step) and one partial
+            adder(mod, m)(n, [n, 0, 0, 0, 1])  # one full block (cached by its first step) and one partial
             allocate_slots(m)(n)
-            m.commit(n, 0, [2])
+            commit_one(m, n, 2)
         for n in range(num_blocks // 2):
             m.finish(n)
         out[name] = m
@@ -115,10 +133,11 @@ def reuse_managers(mods: dict, num_blocks: int) -> dict:
 def time_reuse(mods: dict, num_blocks: int, repeats: int, rng: random.Random) -> dict:
     "Least ns of add_request whose first block is a free cached block at a random place in the free blocks."
     managers, times = reuse_managers(mods, num_blocks), {name: [] for name in mods}
+    adders = {name: adder(mods[name], m) for name, m in managers.items()}
     for i in range(repeats):
         n = rng.randrange(num_blocks // 2)
         for name, m in managers.items():
-            times[name].append(_timed(lambda: m.add_request(("hit", i), [n, 0, 0, 0, 9])))
+            times[name].append(_timed(lambda: adders[name](("hit", i), [n, 0, 0, 0, 9])))
             assert m.requests[("hit", i)].num_computed_tokens == 4, name  # the cached block was found
             m.finish(("hit", i))
     return {name: min(t) for name, t in times.items()}
