@@ -8,6 +8,7 @@ __all__ = ['FREED', 'ROOT_HASH', 'Request', 'Step', 'block_hash', 'hash_chain', 
 # %% ../nbs/06_kv.ipynb #38dfc657
 import hashlib
 import itertools
+import math
 from array import array
 from collections.abc import Hashable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
@@ -46,6 +47,10 @@ class Step(NamedTuple):
     "What one `allocate_slots` call reserves: the positions a step computes (context, then lookahead), and their slots."
     positions: list
     slot_mapping: list
+
+def _is_count(v, most: float = math.inf) -> bool:
+    "An int in [0, most] and not a bool: what the manager's per-step arguments must be (checked on every step)."
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= most
 
 def _check_tokens(tokens, name: str, allow_empty: bool = True) -> list:
     "Validate a sequence of token ids (ints in [0, 2**64)) and return it as a list."
@@ -244,7 +249,7 @@ class BlockManager:
         "Refuse a step for a request with one in flight, or a lookahead that is not a count."
         if r.num_lookahead_tokens is not None:
             raise ValueError(f"request {r.req_id!r} already has a step in flight; commit it first")
-        if not _is_int(num_lookahead_tokens) or num_lookahead_tokens < 0:
+        if not _is_count(num_lookahead_tokens):
             raise ValueError(f"num_lookahead_tokens must be an int >= 0, got {num_lookahead_tokens!r}")
 
     def _plan(self, r, num_lookahead_tokens):
@@ -301,7 +306,7 @@ class BlockManager:
         "Refuse a commit whose counts or tokens do not fit the step in flight."
         for name, v, hi in (("num_drafted", num_drafted, r.num_lookahead_tokens),
                             ("num_accepted", num_accepted, num_drafted)):
-            if not _is_int(v) or not 0 <= v <= hi:
+            if not _is_count(v, hi):
                 raise ValueError(f"{name} must be an int in [0, {hi}] for request {r.req_id!r}'s step, got {v!r}")
         if not isinstance(emitted, list) or len(emitted) != num_accepted + 1:
             raise ValueError(f"emitted_tokens must be a list of num_accepted + 1 = {num_accepted + 1} tokens, "
@@ -319,7 +324,7 @@ class BlockManager:
         r.num_computed_tokens -= r.num_lookahead_tokens - num_accepted  # the rollback: those slots are never read
         r.num_lookahead_tokens = None
         self._append_tokens(r, emitted_tokens)
-        self._cache_blocks(r, min(r.num_computed_tokens, num_tokens))  # finalized and written: drafts have no key
+        self._cache_blocks(r, num_tokens)  # finalized and written: drafts have no key, the new tokens wait a step
         if self.sliding_window is not None:
             self._free_outside_window(r, r.num_computed_tokens)  # the processed length, after the rollback
         return r.num_computed_tokens
@@ -347,9 +352,9 @@ class BlockManager:
         r = self._get(req_id)
         if r.num_lookahead_tokens is None:
             raise ValueError(f"request {req_id!r} has no step in flight to cancel")
-        if not _is_int(num_computed_tokens) or not 0 <= num_computed_tokens <= r.num_computed_tokens:
-            raise ValueError(f"num_computed_tokens must be an int in [0, {r.num_computed_tokens}], "
-                             f"got {num_computed_tokens!r}")
+        most = min(r.num_computed_tokens, len(r.token_ids) - 1)  # a step's first position: before its last token
+        if not _is_count(num_computed_tokens, most):
+            raise ValueError(f"num_computed_tokens must be an int in [0, {most}], got {num_computed_tokens!r}")
         r.num_lookahead_tokens = None
         r.num_computed_tokens = num_computed_tokens
 

@@ -207,7 +207,7 @@ def _manager():
     (lambda m: m.preempt("x"), "unknown request id 'x'"),
     (lambda m: m.cancel("x", 0), "unknown request id 'x'"),
     (lambda m: m.cancel("b", 0), "no step in flight"),
-    (lambda m: m.cancel("a", 10), "num_computed_tokens must be an int in [0, 9]"),
+    (lambda m: m.cancel("a", 10), "num_computed_tokens must be an int in [0, 6]"),   # before its last token
     (lambda m: m.cancel("a", 1.0), "num_computed_tokens"),
     (lambda m: m.allocate_slots("a", 1), "in flight"),
     (lambda m: m.allocate_slots("a"), "in flight"),
