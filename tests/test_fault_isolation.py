@@ -16,7 +16,7 @@ import torch
 from speclab.engine import ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder
 from speclab.kvlab import check_invariants
 from speclab.sampling import NO_VALID_TOKEN_ID
-from speclab.eagle import load_drafter
+from speclab.eagle import EagleDrafter, load_drafter
 from speclab.model import load_model, load_tokenizer
 from speclab.serve import bad_words_ids
 from speclab.train import tiny_pair_path
@@ -137,11 +137,19 @@ class FaultyModel(Faulty, ModelDrafter):
     "The draft model, planted."
 
 
+class FaultyEagle(Faulty, EagleDrafter):
+    "The EAGLE head, planted (its progress lives in the records: a request rerun alone loses none of it)."
+
+
 def plant_drafter(eng: SpecDecoder) -> None:
     "Swap the engine's drafter for its planted twin, bound to the engine's pool as the runner binds its own."
     d = eng.drafter
-    ngram = isinstance(d, NgramDrafter)
-    planted = FaultyNgram(d.n, d.min_n) if ngram else FaultyModel(d.model, d.greedy, d.tokenizer)
+    if isinstance(d, NgramDrafter):
+        planted = FaultyNgram(d.n, d.min_n)
+    elif isinstance(d, EagleDrafter):
+        planted = FaultyEagle(d.head, d.target, d.greedy, d.dtype)
+    else:
+        planted = FaultyModel(d.model, d.greedy, d.tokenizer)
     eng.drafter = eng.runner.drafter = planted
     eng.drafter.bind(eng.config.num_blocks, eng.config.block_size, eng.config.sliding_window)
 
@@ -157,7 +165,7 @@ def plant_sampler(eng: SpecDecoder) -> None:
 
 
 @pytest.mark.parametrize("stage", ["draft", "verify", "update"])
-@pytest.mark.parametrize("mode", ["ngram", "draft"])
+@pytest.mark.parametrize("mode", ["ngram", "draft", "eagle"])
 def test_a_planted_fault_ends_its_request_alone(stage, mode):
     "A request that raises mid-step (drafting, verifying, or in its own update) beside others: only it fails."
     eng = engine(mode)
