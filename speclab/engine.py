@@ -7,9 +7,10 @@ __all__ = ['SAMPLING_EPS', 'REPETITION_MIN', 'REPETITION_MAX', 'TOP_K_ALL', 'WAI
            'GPU_KV_FRACTION', 'DRAFT_SALT', 'SamplingParams', 'check_processor_fields', 'Output', 'RequestState',
            'StepOutput', 'ngram_propose', 'NgramDrafter', 'processor_rows', 'bad_word_rows', 'take_rows',
            'grow_history', 'batch_processors', 'request_probs', 'sample_plain', 'ModelDrafter', 'kappa_for_batch',
-           'check_schedule', 'check_engine_args', 'EngineConfig', 'block_bytes', 'kv_bytes', 'StepPlan', 'Proposal',
-           'no_token_error', 'Scheduler', 'cycle_collector_paused', 'check_pair', 'check_batch', 'SchedulerStats',
-           'SpecDecoder', 'check_first_row', 'InputProcessor', 'ModelRunner', 'prompt_logprobs', 'emitted_logprobs']
+           'check_schedule', 'StepCosts', 'live_alpha', 'KappaPolicy', 'check_engine_args', 'EngineConfig',
+           'block_bytes', 'kv_bytes', 'StepPlan', 'Proposal', 'no_token_error', 'Scheduler', 'cycle_collector_paused',
+           'check_pair', 'check_batch', 'SchedulerStats', 'SpecDecoder', 'check_first_row', 'InputProcessor',
+           'ModelRunner', 'prompt_logprobs', 'emitted_logprobs']
 
 # %% ../nbs/08_engine.ipynb #fba7d837
 import copy
@@ -190,6 +191,7 @@ class RequestState(Request):
     num_drafts: int = 0                # the scheduler: steps that drafted for it, drafted tokens, accepted drafts
     num_draft_tokens: int = 0          # the scheduler
     num_accepted_tokens: int = 0       # the scheduler
+    num_rejections: int = 0            # the scheduler: steps in which a draft was rejected (for its live alpha)
     logprobs: list = field(default_factory=list)           # the scheduler: per emitted token, when params.logprobs
     on_tokens: Callable[[list[int]], None] | None = None   # new_request: called with each step's kept tokens
     arrival_time: float = 0.0          # new_request: time.perf_counter() when it arrived (server or add_request)
@@ -485,6 +487,73 @@ def check_schedule(kappa: int | dict[int, int]) -> int | dict[int, int]:
             raise ValueError(f"kappa schedule keys must be batch sizes >= 1, got {bmax!r}")
     return kappa
 
+# %% ../nbs/08_engine.ipynb #kpol0002
+@dataclass(frozen=True)
+class StepCosts:
+    """Seconds of one step on this machine, Chapter 2's costs measured: the target's forward over N positions takes
+    `verify_s + verify_token_s * N`; each of the step's draft forwards over L drafting requests takes
+    `draft_s + draft_request_s * L` (a draft model or a head; all zero for n-gram lookup)."""
+    verify_s: float
+    verify_token_s: float
+    draft_s: float = 0.0
+    draft_request_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{f.name} must be a finite number of seconds >= 0, got {v!r}")
+        if self.verify_s + self.verify_token_s <= 0:
+            raise ValueError("verify_s + verify_token_s must be > 0: a step that costs nothing has no best kappa")
+
+    def step_s(self, num_positions: int, num_drafting: int, kappa: int) -> float:
+        "A step over `num_positions` target positions in which `num_drafting` requests draft up to `kappa` tokens."
+        draft = kappa * (self.draft_s + self.draft_request_s * num_drafting) if num_drafting else 0.0
+        return self.verify_s + self.verify_token_s * num_positions + draft
+
+def live_alpha(r: RequestState, prior: float, strength: float) -> float:
+    """r's acceptance rate under Chapter 9's i.i.d. model, fitted to its own steps so far: accepted drafts are
+    successes, steps that rejected one are failures, with a Beta prior of mean `prior` worth `strength` drafts."""
+    accepted = r.num_accepted_tokens
+    return (prior * strength + accepted) / (strength + accepted + r.num_rejections)
+
+@dataclass(frozen=True)
+class KappaPolicy:
+    """Per step and per request, the kappas that maximise expected tokens per second: Chapter 2's E(alpha, kappa)
+    over the step's time, with each request's live alpha and this machine's `costs`. A request drafts min(K, its cap)
+    tokens or none; the policy tries every K. It reads only what is known before the step: exact for any choice."""
+    costs: StepCosts
+    alpha_prior: float = 0.5           # the pair's acceptance rate (Chapter 9's fit), before a request has its own
+    prior_strength: float = 8.0        # how many drafts the prior is worth
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.costs, StepCosts):
+            raise TypeError(f"costs must be StepCosts, got {type(self.costs).__name__}")
+        if not (isinstance(self.alpha_prior, (int, float)) and 0 < self.alpha_prior < 1):
+            raise ValueError(f"alpha_prior must lie in (0, 1), got {self.alpha_prior!r}")
+        if not (isinstance(self.prior_strength, (int, float)) and self.prior_strength > 0):
+            raise ValueError(f"prior_strength must be > 0, got {self.prior_strength!r}")
+
+    def choose(self, batch: list[RequestState], caps: list[int], num_context: int) -> list[int]:
+        """Each request's kappa (at most its cap) for a step whose requests compute `num_context` positions besides
+        their drafts."""
+        alphas = [live_alpha(r, self.alpha_prior, self.prior_strength) for r in batch]
+        best, best_rate = (0, []), len(batch) / self.costs.step_s(num_context, 0, 0)
+        for K in range(1, max(caps, default=0) + 1):
+            ks = [min(K, c) for c in caps]
+            gains = {i: sum(alphas[i] ** j for j in range(1, ks[i] + 1)) for i in range(len(batch)) if ks[i]}   # E - 1
+            order = sorted(gains, key=lambda i: gains[i] / ks[i], reverse=True)   # tokens per position first
+            tokens, positions = len(batch), num_context
+            for m, i in enumerate(order, 1):
+                tokens += gains[i]
+                positions += ks[i]
+                rate = tokens / self.costs.step_s(positions, m, K)
+                if rate > best_rate:
+                    best, best_rate = (K, order[:m]), rate
+        K, drafting = best
+        chosen = set(drafting)
+        return [min(K, c) if i in chosen else 0 for i, c in enumerate(caps)]
+
 # %% ../nbs/08_engine.ipynb #c0nf1g02
 DEFAULT_KV_BYTES = 256 * 2 ** 20      # the K/V memory of a pool whose num_blocks is not given (on a CPU)
 GPU_KV_FRACTION = 0.5                 # on a GPU: this share of the memory free when the engine is built
@@ -592,9 +661,11 @@ def no_token_error(r: RequestState) -> str:
 class Scheduler:
     """Waiting and running queues over Chapter 6's block manager: plans a step (reserving all it computes), and applies
     what the step produced. The one caller of the block manager."""
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, draft_reuses_prefix: bool = True):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, draft_reuses_prefix: bool = True,
+                 policy: KappaPolicy | None = None):
         self.config = config
         self.block_manager = block_manager
+        self.policy = policy                             # None: kappa from the config's schedule alone
         self.draft_reuses_prefix = draft_reuses_prefix   # False: a prefix hit's draft K/V are recomputed (EAGLE's)
         self.waiting = deque()
         self.running = {}              # req_id -> RequestState, oldest admission first
@@ -693,8 +764,13 @@ class Scheduler:
             self._admit(steps)
         batch = list(self.running.values())
         k = kappa_for_batch(self.config.kappa, len(batch)) if self.config.kappa_max else 0
-        return StepPlan(batch, [min(k, self.lookahead(r)) for r in batch], [steps[r.req_id] for r in batch],
-                        preempted)
+        lookaheads = [self.lookahead(r) for r in batch]
+        kappas = [min(k, n) for n in lookaheads]
+        plan = [steps[r.req_id] for r in batch]
+        if self.policy is not None and any(kappas):            # the caps, then the costs decide
+            num_context = sum(len(s.positions) for s in plan) - sum(lookaheads)
+            kappas = self.policy.choose(batch, kappas, num_context)
+        return StepPlan(batch, kappas, plan, preempted)
 
     def update(self, plan: StepPlan, proposal: Proposal, output_token_ids: torch.Tensor,
                metrics: SpecMetrics, logprobs: list | None = None) -> list[StepOutput]:
@@ -722,6 +798,7 @@ class Scheduler:
         r.num_drafts += int(len(drafted) > 0)
         r.num_draft_tokens += len(drafted)
         r.num_accepted_tokens += num_accepted
+        r.num_rejections += int(num_accepted < len(drafted))
         if empty and reason is None:
             return self._emit(r, kept, "error", logprobs, no_token_error(r))
         return self._emit(r, kept, reason, logprobs)
@@ -810,11 +887,13 @@ class SpecDecoder:
                  kappa: int | dict[int, int] = 3, backend: str = "torch", seed: int = 0, *, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 8192, block_size: int = 16, num_blocks: int | None = None,
                  enable_prefix_caching: bool = True, sliding_window: int | None = None,
-                 sampler: Callable[..., torch.Tensor] | None = None):
+                 sampler: Callable[..., torch.Tensor] | None = None, policy: KappaPolicy | None = None):
         config = EngineConfig(kappa, backend, seed, max_num_seqs, max_num_batched_tokens, block_size, num_blocks,
                               enable_prefix_caching, sliding_window, target.args.max_position_embeddings or math.inf)
         if sampler is not None and not callable(sampler):
             raise TypeError(f"sampler must be None or callable like rejection_sampler, got {type(sampler).__name__}")
+        if policy is not None and not isinstance(policy, KappaPolicy):
+            raise TypeError(f"policy must be None or a KappaPolicy, got {type(policy).__name__}")
         check_pair(target, drafter, tokenizer)
         self.config = config if drafter is not None else replace(config, kappa=0)   # no drafter: plain decoding
         self.target = target
@@ -827,7 +906,7 @@ class SpecDecoder:
         self.config = replace(self.config, num_blocks=num_blocks)   # the pool is built now, at its final size
         lag = int(sliding_window is not None and len(models) > 1)   # the draft's queries lag the target's by one
         bm = BlockManager(num_blocks, block_size, sliding_window and sliding_window + lag, enable_prefix_caching)
-        self.scheduler = Scheduler(self.config, bm, getattr(drafter, "reuses_prefix_kv", True))
+        self.scheduler = Scheduler(self.config, bm, getattr(drafter, "reuses_prefix_kv", True), policy)
         self.runner = ModelRunner(self.config, target, drafter, sampler or partial(rejection_sampler, check=False))
         self.processor = InputProcessor(self.config, target.args.vocab_size, tokenizer, self.gen)
         self.requests = {}                                     # req_id -> RequestState, until it finishes

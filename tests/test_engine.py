@@ -44,6 +44,7 @@ a scripted drafter, bad requests fail alone, bad arguments raise naming the argu
 the very object the block manager holds (issue 26). The synthetic (timing) mode
 is checked in tests/test_acceptance.py (it is Chapter 9's benchmark component, not part of the engine).
 """
+import collections
 import dataclasses
 import itertools
 import os
@@ -55,8 +56,8 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from speclab.engine import (DRAFT_SALT, ModelDrafter, NgramDrafter, RequestState, SamplingParams, SpecDecoder,
-                            cycle_collector_paused)
+from speclab.engine import (DRAFT_SALT, KappaPolicy, ModelDrafter, NgramDrafter, RequestState, SamplingParams,
+                            SpecDecoder, StepCosts, cycle_collector_paused)
 from speclab.kv import Request, hash_chain
 from speclab.model import generate as plain_generate
 from speclab.proof import LEVEL, chi_square_gof, detectable_tv, draws_for_law
@@ -218,6 +219,96 @@ def test_planted_wrong_law_is_rejected(wrong):
     pval, df, flags = check_law(counts[s], bad, law_sizes()[s])
     assert tv(true, bad) > flags, (tv(true, bad), flags)
     assert pval < LEVEL, f"a wrong law passed: p = {pval:.3g} on {df} df"
+
+
+# --- exactness with the adaptive kappa policy (issue 41) --------------------------------------------------------------
+
+def adaptive_costs(batch) -> StepCosts:
+    """Costs under which the policy's choice varies: a fixed part as large as one position per request, so that while
+    the batch is full drafting pays only for requests whose live alpha is high, and for more as it shrinks (requests
+    leave after three tokens). Synthetic: the law cannot depend on them, only the choices do."""
+    return StepCosts(verify_s=1e-4 * len(batch), verify_token_s=1e-4, draft_s=0.05, draft_request_s=1e-5)
+
+
+class RecordingPolicy(KappaPolicy):
+    "The adaptive policy, recording every kappa it chooses into `chosen` (a Counter the test owns)."
+    def __init__(self, costs, chosen):
+        super().__init__(costs, alpha_prior=0.5)
+        object.__setattr__(self, "chosen", chosen)
+
+    def choose(self, batch, caps, num_context):
+        kappas = super().choose(batch, caps, num_context)
+        self.chosen.update(kappas)
+        return kappas
+
+
+@lru_cache(maxsize=None)
+def first_token_law(temperature, top_k):
+    "The target's law of the first token after PROMPT under a setting."
+    return sequence_law(pair()[0], PROMPT, SamplingParams(temperature=temperature, top_k=top_k), 1)
+
+
+class PeekingDrafter(ModelDrafter):
+    """Planted: at a request's first step, keeps its drafts only when the target is sure to accept the first one
+    (p >= q), else drafts nothing. How many drafts it keeps depends on the target's verdict: biased."""
+    def propose(self, plan):
+        drafts, q, fed = super().propose(plan)
+        keep, start = [], 0
+        for r, d in zip(plan.requests, drafts):
+            rows = list(range(start, start + len(d)))
+            start += len(d)
+            if d and q is not None and not r.output_ids:
+                p = first_token_law(r.params.temperature, r.params.top_k)
+                if p[d[0]] < float(q[rows[0], d[0]]):
+                    d.clear()
+                    rows = []
+            keep += rows
+        return drafts, None if q is None else q[keep], fed
+
+
+@lru_cache(maxsize=None)
+def adaptive_counts(peek, sizes):
+    "The law harness (kappa cap 5, the draft model) with the adaptive policy on: counts, drafted, kappas chosen."
+    chosen = collections.Counter()
+    make = PeekingDrafter if peek else ModelDrafter
+    counts, drafted = run_law(5, sizes, tuple(GROUPS), lambda call, batch: SpecDecoder(
+        pair()[0], make(pair()[1]), kappa=5, max_num_seqs=len(batch), max_num_batched_tokens=2 ** 20,
+        num_blocks=pool_size(5, batch), seed=engine_seed("adaptive", peek, sizes, call),
+        policy=RecordingPolicy(adaptive_costs(batch), chosen)))
+    return counts, drafted, chosen
+
+
+ADAPTIVE = pytest.mark.xdist_group("engine-law-adaptive")
+
+
+@ADAPTIVE
+@pytest.mark.parametrize("temperature,top_k", GROUPS, ids=[f"T{t}-topk{k}" for t, k in GROUPS])
+def test_adaptive_policy_keeps_the_law(temperature, top_k):
+    """Issue 41: with the adaptive policy choosing each request's kappa per step from its live alpha, the batch and
+    the costs (kappa 0, 1 and 2 all chosen, varying within requests and across the batch), the first three tokens
+    still follow the target's law at level 1e-3 and the grid's power (TV_JOINT flagged w.p. 0.999)."""
+    s = GROUPS.index((temperature, top_k))
+    counts, drafted, chosen = adaptive_counts(False, law_sizes())
+    pval, df, flags = check_law(counts[s], law(temperature, top_k), law_sizes()[s])
+    assert drafted > 0 and {0, 1, 2} <= set(chosen), chosen
+    assert flags <= TV_JOINT, "fewer samples than the stated power needs"
+    assert pval > LEVEL, f"chi-square p = {pval:.2e} on {df} df (this test flags TV >= {flags:.3f})"
+
+
+@ADAPTIVE
+def test_a_policy_that_peeks_at_the_verdict_is_rejected():
+    """The same test rejects a planted policy that keeps a request's drafts only when the target will accept them
+    (it looks at p before deciding), at a tenth of the grid's requests: its bias on the first token is larger than
+    what that many requests flag with probability 0.999, so the rejection follows from the stated power."""
+    sizes = tuple(max(1, n // 10) for n in law_sizes())
+    counts, drafted, _ = adaptive_counts(True, sizes)
+    s = GROUPS.index((1.0, 0))
+    pval, df, flags = check_law(counts[s], law(1.0, 0), sizes[s])
+    p = first_token_law(1.0, 0)
+    q = sequence_law(pair()[1], PROMPT, SamplingParams(temperature=1.0), 1)
+    peeked = np.where(p >= q, q, 0) + q[p < q].sum() * p           # the planted rule's law of the first token
+    assert drafted > 0 and tv(peeked, p) > flags, (tv(peeked, p), flags)   # its joint law is at least as far
+    assert pval < LEVEL, f"the peeking policy passed: p = {pval:.3g} on {df} df (flags TV >= {flags:.3f})"
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
