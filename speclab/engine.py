@@ -7,7 +7,7 @@ __all__ = ['SAMPLING_EPS', 'REPETITION_MIN', 'REPETITION_MAX', 'TOP_K_ALL', 'WAI
            'GPU_KV_FRACTION', 'DRAFT_SALT', 'SamplingParams', 'check_processor_fields', 'Output', 'RequestState',
            'StepOutput', 'ngram_propose', 'NgramDrafter', 'processor_rows', 'bad_word_rows', 'take_rows',
            'grow_history', 'batch_processors', 'request_probs', 'sample_plain', 'ModelDrafter', 'kappa_for_batch',
-           'check_schedule', 'StepCosts', 'live_alpha', 'KappaPolicy', 'check_engine_args', 'EngineConfig',
+           'check_schedule', 'StepCosts', 'live_alpha', 'CostFit', 'KappaPolicy', 'check_engine_args', 'EngineConfig',
            'block_bytes', 'kv_bytes', 'StepPlan', 'Proposal', 'no_token_error', 'Scheduler', 'cycle_collector_paused',
            'check_pair', 'check_batch', 'SchedulerStats', 'SpecDecoder', 'check_first_row', 'InputProcessor',
            'ModelRunner', 'prompt_logprobs', 'emitted_logprobs']
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from .kv import BlockManager, Request
@@ -517,14 +518,42 @@ def live_alpha(r: RequestState, prior: float, strength: float) -> float:
     accepted = r.num_accepted_tokens
     return (prior * strength + accepted) / (strength + accepted + r.num_rejections)
 
-@dataclass(frozen=True)
+class CostFit:
+    """StepCosts learned from the engine's own steps: least squares of each step's seconds on (1, N, K, K L), older
+    steps weighing `decay` less per step, with a ridge toward `prior` (at a step's typical size, SCALE) so that a term
+    no step has exercised, such as the draft's before any step drafted, keeps its calibrated value. Host work
+    (scheduling, the sampler, the update) is in the measured seconds, so it is in the fit."""
+    SCALE = np.array([1.0, 64.0, 3.0, 48.0])   # a typical step's (1, N, K, K L): the prior's pull, in seconds
+
+    def __init__(self, prior: StepCosts, decay: float = 0.95, prior_weight: float = 0.001):
+        self.theta0 = np.array([prior.verify_s, prior.verify_token_s, prior.draft_s, prior.draft_request_s])
+        self.ridge = prior_weight * self.SCALE ** 2
+        self.decay = decay
+        self.xtx = np.zeros((4, 4))
+        self.xty = np.zeros(4)
+        self.costs = prior
+
+    def observe(self, num_positions: int, num_drafting: int, kappa: int, seconds: float) -> StepCosts:
+        "Fold one measured step into the fit; returns the refitted costs."
+        x = np.array([1.0, num_positions, kappa, kappa * num_drafting])
+        self.xtx = self.decay * self.xtx + np.outer(x, x)
+        self.xty = self.decay * self.xty + seconds * x
+        theta = np.linalg.solve(self.xtx + np.diag(self.ridge), self.xty + self.ridge * self.theta0)
+        theta = np.clip(theta, 0, None)
+        if theta[0] + theta[1] > 0:
+            self.costs = StepCosts(*map(float, theta))
+        return self.costs
+
+@dataclass
 class KappaPolicy:
     """Per step and per request, the kappas that maximise expected tokens per second: Chapter 2's E(alpha, kappa)
     over the step's time, with each request's live alpha and this machine's `costs`. A request drafts min(K, its cap)
-    tokens or none; the policy tries every K. It reads only what is known before the step: exact for any choice."""
+    tokens or none; the policy tries every K. It reads only what is known before the step: exact for any choice.
+    With `learn`, the costs follow the engine's measured steps (`CostFit`) from the given ones on."""
     costs: StepCosts
     alpha_prior: float = 0.5           # the pair's acceptance rate (Chapter 9's fit), before a request has its own
     prior_strength: float = 8.0        # how many drafts the prior is worth
+    learn: bool = False                # refit the costs after every step from its measured time
 
     def __post_init__(self) -> None:
         if not isinstance(self.costs, StepCosts):
@@ -533,6 +562,12 @@ class KappaPolicy:
             raise ValueError(f"alpha_prior must lie in (0, 1), got {self.alpha_prior!r}")
         if not (isinstance(self.prior_strength, (int, float)) and self.prior_strength > 0):
             raise ValueError(f"prior_strength must be > 0, got {self.prior_strength!r}")
+        self.fit = CostFit(self.costs) if self.learn else None
+
+    def observe(self, num_positions: int, num_drafting: int, kappa: int, seconds: float) -> None:
+        "A step's measured time (the engine calls this after every step); with `learn`, the costs move toward it."
+        if self.fit is not None:
+            self.costs = self.fit.observe(num_positions, num_drafting, kappa, seconds)
 
     def choose(self, batch: list[RequestState], caps: list[int], num_context: int) -> list[int]:
         """Each request's kappa (at most its cap) for a step whose requests compute `num_context` positions besides
@@ -633,6 +668,7 @@ class StepPlan:
     kappas: list                       # per request: the most drafts it gets this step
     steps: list                        # per request: Chapter 6's Step (positions and slots, lookahead included)
     num_preempted: int = 0             # requests sent back to the queue to make room
+    num_context: int = 0               # positions the step computes besides drafts (the policy's N before drafting)
 
     def first_positions(self) -> list[int]:
         "Per request: the first position the step computes (its computed count when the step began)."
@@ -767,10 +803,17 @@ class Scheduler:
         lookaheads = [self.lookahead(r) for r in batch]
         kappas = [min(k, n) for n in lookaheads]
         plan = [steps[r.req_id] for r in batch]
+        num_context = sum(len(s.positions) for s in plan) - sum(lookaheads)
         if self.policy is not None and any(kappas):            # the caps, then the costs decide
-            num_context = sum(len(s.positions) for s in plan) - sum(lookaheads)
             kappas = self.policy.choose(batch, kappas, num_context)
-        return StepPlan(batch, kappas, plan, preempted)
+        return StepPlan(batch, kappas, plan, preempted, num_context)
+
+    def observe(self, plan: StepPlan, proposal: Proposal, seconds: float) -> None:
+        "Tell the policy (if any) what the step drafted and how long it took, for its cost fit."
+        if self.policy is not None:
+            drafted = [len(d) for d in proposal.drafts]
+            self.policy.observe(plan.num_context + sum(drafted), sum(n > 0 for n in drafted), max(drafted, default=0),
+                                seconds)
 
     def update(self, plan: StepPlan, proposal: Proposal, output_token_ids: torch.Tensor,
                metrics: SpecMetrics, logprobs: list | None = None) -> list[StepOutput]:
@@ -913,6 +956,7 @@ class SpecDecoder:
         self.next_id = 0
         self.metrics = SpecMetrics()
         self.stats = {"steps": 0, "target_s": 0.0, "draft_s": 0.0, "target_tokens": 0}
+        self.last_proposal = Proposal([])                      # the latest step's drafts (for the policy's cost fit)
 
     # -- inspection: what tests, benchmarks and the server read, without reaching into the parts --
     def has_unfinished(self) -> bool:
@@ -969,10 +1013,12 @@ class SpecDecoder:
 
     def step(self) -> list[StepOutput]:
         "One speculative step: the scheduler plans, the runner drafts and verifies, the scheduler applies the result."
+        start = time.perf_counter()
         plan = self.scheduler.schedule()
         if not plan.requests:
             return []
         outputs = self._run(plan)
+        self.scheduler.observe(plan, self.last_proposal, time.perf_counter() - start)
         for out in outputs:
             if out.finished is not None:
                 del self.requests[out.req_id]
@@ -993,6 +1039,7 @@ class SpecDecoder:
         self.stats["draft_s"] += t1 - t0
         self.stats["target_s"] += t2 - t1
         self.stats["target_tokens"] += num_tokens
+        self.last_proposal = proposal
         return self.scheduler.update(plan, proposal, output_token_ids, self.metrics, logprobs)
 
     def _isolate(self, plan: StepPlan, generators: list, error: Exception) -> list[StepOutput]:
