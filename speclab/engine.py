@@ -749,7 +749,7 @@ class Scheduler:
             if r.req_id not in self.running:                   # preempted to make room for an older request
                 continue
             k = self.lookahead(r)
-            if len(r.block_table) * size < len(r.token_ids) + k:   # the usual case: its blocks cover the step
+            if len(r.block_table) * size < len(r.token_ids) + k:   # usually not: its blocks already cover the step
                 while not self._fits(r, k):
                     victim = next(reversed(self.running.values()))
                     self.preempt(victim)
