@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .engine import RequestState, StepPlan, request_probs
+from .engine import check_confidence, keep_drafting, RequestState, StepPlan, request_probs
 from .kv import PagedKV
 from .model import (Attend, Llama, LlamaArgs, PagedBatch, RMSNorm, _layer, apply_rope, decoder_layer,
                            load_model, mlp, pack_state_dict, paged_attend, paged_batch, paged_cache, rope_cos_sin,
@@ -574,12 +574,13 @@ def cast_head(head: EagleHead | Eagle3Head, target: Llama, dtype: torch.dtype) -
 
 # %% ../nbs/12_eagle.ipynb #3265ac31
 class EagleDrafter:
-    "Drafts with an EAGLE head: the target's features of the verified positions in, kappa tokens and q rows out."
+    """Drafts with an EAGLE head: the target's features of the verified positions in, kappa tokens and q rows out.
+    With `min_confidence`, a request stops drafting after a token the head gave less than that probability."""
     uses_probs = True
     reuses_prefix_kv = False   # a cached block may hold head K/V made from the head's own states: recompute them
 
     def __init__(self, head: EagleHead | Eagle3Head, target: Llama, greedy: bool = False,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, min_confidence: float = 0.0):
         if not isinstance(head, (EagleHead, Eagle3Head)):
             raise TypeError(f"head must be an EagleHead or an Eagle3Head, got {type(head).__name__}")
         if head.args.hidden_size != target.args.hidden_size or head.args.vocab_size != target.args.vocab_size:
@@ -591,6 +592,7 @@ class EagleDrafter:
         self.dtype = head.fc.weight.dtype if dtype is None else dtype          # what the head drafts in
         self.draft_head, self.draft_target = cast_head(head, target, self.dtype)
         self.greedy = greedy
+        self.min_confidence = check_confidence(min_confidence)
         self.tokenizer = None
 
     @property
@@ -650,6 +652,7 @@ class EagleDrafter:
         kap = torch.tensor([k if e == len(r.token_ids) else 0 for r, k, e in zip(batch, kappas, ends)])
         K = int(kap.max()) if len(kap) else 0
         toks = torch.zeros(len(batch), K, dtype=torch.int64)
+        drawn = torch.zeros(len(batch), dtype=torch.int64)
         live = (kap > 0).nonzero()[:, 0]
         all_greedy = all(r.params.greedy for r in batch)
         qs, keys = [], []
@@ -658,15 +661,19 @@ class EagleDrafter:
             logits = logits.to(self.target.head_weight.dtype)          # q in the target's dtype, as the sampler's p
             tokens, q = draw_drafts(logits, [batch[i] for i in live.tolist()], self.greedy, all_greedy)
             toks[live, j] = tokens.cpu()
+            drawn[live] += 1
             qs.append(q)
             keys.append(live * K + j)
-            live = live[kap[live] > j + 1]                             # the last draft is drawn, never fed
+            more = kap[live] > j + 1                                   # the last draft is drawn, never fed,
+            if self.min_confidence:
+                more &= keep_drafting(logits, tokens, self.min_confidence)   # nor is one the head doubts
+            live = live[more]
             if len(live):
                 rows = live.to(hidden.device)
                 own = self._run([batch[i] for i in live.tolist()], [ends[i] + j for i in live.tolist()],
                                 [[t] for t in toks[live, j].tolist()], hidden[rows])    # its own state as feature
                 hidden = hidden.index_copy(0, rows, own)
-        drafts = [row[:k] for row, k in zip(toks.tolist(), kap.tolist())]
+        drafts = [row[:k] for row, k in zip(toks.tolist(), drawn.tolist())]
         if not qs or all_greedy:
             return drafts, None, ends
         order = torch.cat(keys).argsort().to(qs[0].device)
@@ -695,17 +702,18 @@ def head_step_seconds(head: EagleHead | Eagle3Head, target: Llama, context: int 
 
 # %% ../nbs/12_eagle.ipynb #422c6358
 def eagle_drafter(target: Llama, folder: str | Path | None = None, greedy: bool = False,
-                  dtype: torch.dtype | None = None) -> EagleDrafter:
+                  dtype: torch.dtype | None = None, min_confidence: float = 0.0) -> EagleDrafter:
     """An EagleDrafter with the head in folder (save_head's or a published EAGLE-3 one; the shipped head when None),
-    drafting in dtype (None: `draft_dtype(target)`)."""
+    drafting in dtype (None: `draft_dtype(target)`), stopping below `min_confidence`."""
     folder = eagle_path() if folder is None else Path(folder)
     head = load_eagle3(folder, target) if is_eagle3(folder) else load_head(folder, target)
-    return EagleDrafter(head, target, greedy, draft_dtype(target) if dtype is None else dtype)
+    return EagleDrafter(head, target, greedy, draft_dtype(target) if dtype is None else dtype, min_confidence)
 
 def load_drafter(target: Llama, draft: str | Path | None, ngram: int | None, dtype: torch.dtype,
-                 device: str | torch.device) -> Any | None:
+                 device: str | torch.device, min_confidence: float = 0.0) -> Any | None:
     """The drafter for `target` that a folder or `ngram` names: n-gram lookup, an EAGLE head (a head's folder), a
-    draft model (a checkpoint folder), or None. `speclab generate`, `demo` and `serve` all build theirs here."""
+    draft model (a checkpoint folder), or None; a model or a head stops drafting below `min_confidence`.
+    `speclab generate`, `demo` and `serve` all build theirs here."""
     from speclab.engine import ModelDrafter, NgramDrafter
     from speclab.model import load_tokenizer
     if ngram is not None:
@@ -713,8 +721,9 @@ def load_drafter(target: Llama, draft: str | Path | None, ngram: int | None, dty
     if draft is None:
         return None
     if is_eagle_head(draft):
-        return eagle_drafter(target, draft)
-    return ModelDrafter(load_model(draft, dtype, device), tokenizer=load_tokenizer(draft))
+        return eagle_drafter(target, draft, min_confidence=min_confidence)
+    model = load_model(draft, dtype, device)
+    return ModelDrafter(model, tokenizer=load_tokenizer(draft), min_confidence=min_confidence)
 
 # %% ../nbs/12_eagle.ipynb #e12sweep2
 def sweep_eagle(batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), kappa: int = 3, temperature: float = 0.0,

@@ -6,11 +6,12 @@
 __all__ = ['SAMPLING_EPS', 'REPETITION_MIN', 'REPETITION_MAX', 'TOP_K_ALL', 'WAITING', 'RUNNING', 'FINISHED', 'DEFAULT_KV_BYTES',
            'GPU_KV_FRACTION', 'DRAFT_SALT', 'SamplingParams', 'check_processor_fields', 'Output', 'RequestState',
            'StepOutput', 'ngram_propose', 'NgramDrafter', 'processor_rows', 'bad_word_rows', 'take_rows',
-           'grow_history', 'batch_processors', 'request_probs', 'sample_plain', 'ModelDrafter', 'kappa_for_batch',
-           'check_schedule', 'StepCosts', 'live_alpha', 'CostFit', 'KappaPolicy', 'check_engine_args', 'EngineConfig',
-           'block_bytes', 'kv_bytes', 'StepPlan', 'Proposal', 'no_token_error', 'Scheduler', 'cycle_collector_paused',
-           'check_pair', 'check_batch', 'SchedulerStats', 'SpecDecoder', 'check_first_row', 'InputProcessor',
-           'ModelRunner', 'prompt_logprobs', 'emitted_logprobs']
+           'grow_history', 'batch_processors', 'request_probs', 'sample_plain', 'check_confidence', 'keep_drafting',
+           'ModelDrafter', 'kappa_for_batch', 'check_schedule', 'StepCosts', 'live_alpha', 'CostFit', 'KappaPolicy',
+           'check_engine_args', 'EngineConfig', 'block_bytes', 'kv_bytes', 'StepPlan', 'StepTime', 'Proposal',
+           'no_token_error', 'Scheduler', 'cycle_collector_paused', 'check_pair', 'check_batch', 'SchedulerStats',
+           'SpecDecoder', 'check_first_row', 'InputProcessor', 'ModelRunner', 'prompt_logprobs', 'emitted_logprobs',
+           'calibration_prompts', 'fit_step_costs', 'measure_step_costs']
 
 # %% ../nbs/08_engine.ipynb #fba7d837
 import copy
@@ -163,6 +164,7 @@ class Output:
     num_drafts: int = 0                # this request's own speculation figures: steps that drafted,
     num_draft_tokens: int = 0          # tokens drafted,
     num_accepted_tokens: int = 0       # and drafts accepted
+    kappa_counts: list | None = None   # [its steps planned to draft 0, 1, 2, ... tokens] (the policy's choices)
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -193,6 +195,7 @@ class RequestState(Request):
     num_draft_tokens: int = 0          # the scheduler
     num_accepted_tokens: int = 0       # the scheduler
     num_rejections: int = 0            # the scheduler: steps in which a draft was rejected (for its live alpha)
+    kappa_counts: list = field(default_factory=list)       # the scheduler: its steps by the kappa planned for it
     logprobs: list = field(default_factory=list)           # the scheduler: per emitted token, when params.logprobs
     on_tokens: Callable[[list[int]], None] | None = None   # new_request: called with each step's kept tokens
     arrival_time: float = 0.0          # new_request: time.perf_counter() when it arrived (server or add_request)
@@ -389,14 +392,31 @@ def sample_plain(logits: torch.Tensor, params: list[SamplingParams], generators:
         tokens = draw_tokens(request_probs(logits, params), [p.greedy for p in params], generators, check=False)
     return tokens if no_valid is None else tokens.masked_fill(no_valid, NO_VALID_TOKEN_ID)
 
+def check_confidence(min_confidence: float) -> float:
+    "A stopping threshold must be a number in [0, 1) (0: never stop early)."
+    if isinstance(min_confidence, bool) or not isinstance(min_confidence, (int, float)):
+        raise TypeError(f"min_confidence must be a number, got {type(min_confidence).__name__}")
+    if not 0 <= min_confidence < 1:
+        raise ValueError(f"min_confidence must lie in [0, 1), got {min_confidence!r}")
+    return float(min_confidence)
+
+def keep_drafting(logits: torch.Tensor, tokens: torch.Tensor, min_confidence: float) -> torch.Tensor:
+    """The stopping rule (EAGLE-2's confidence, SpecDec++'s stop): per row, whether the draft's own probability of
+    the token it just drew (the softmax of its logits, before the request's transforms) is at least
+    `min_confidence`. It reads the draft alone, never the target, so any threshold keeps the law."""
+    probs = logits.float().softmax(-1).gather(1, tokens[:, None].to(logits.device))[:, 0]
+    return (probs >= min_confidence).cpu()
+
 class ModelDrafter:
-    "Drafts with a smaller model: kappa autoregressive draws from its own q, its K/V in the target's blocks."
+    """Drafts with a smaller model: kappa autoregressive draws from its own q, its K/V in the target's blocks. With
+    `min_confidence`, a request stops drafting after a token its draft gave less than that probability."""
     uses_probs = True
 
-    def __init__(self, model: Llama, greedy: bool = False, tokenizer: Any | None = None):
+    def __init__(self, model: Llama, greedy: bool = False, tokenizer: Any | None = None, min_confidence: float = 0.0):
         self.model = model
         self.greedy = greedy
         self.tokenizer = tokenizer
+        self.min_confidence = check_confidence(min_confidence)
         self.cache = None
 
     @property
@@ -434,11 +454,13 @@ class ModelDrafter:
         return draw_tokens(q, [r.params.greedy for r in batch], [r.draft_gen for r in batch], check=False), q
 
     def propose(self, plan: "StepPlan") -> tuple[list[list[int]], torch.Tensor | None, list[int]]:
-        "Per request: kappa drafts, their q rows ([sum of kappas, V], request by request), draft positions now cached."
+        """Per request: up to kappa drafts (fewer where the stopping rule stops it), their q rows ([drafts, V], request
+        by request), draft positions now cached."""
         batch, kappas = plan.requests, plan.kappas
         K = max(kappas, default=0)
         kap = long_tensor(kappas)
         toks = torch.zeros(len(batch), K, dtype=torch.int64)
+        drawn = torch.zeros(len(batch), dtype=torch.int64)
         qs, keys = [], []
         computed = [len(r.token_ids) for r in batch]                       # after the catch-up below
         logits = self._feed(batch, [r.num_draft_computed for r in batch],
@@ -451,16 +473,20 @@ class ModelDrafter:
             rows = None if procs is None else grow_history(take_rows(procs, live), toks[live, :j])
             tokens, q = self._draw(logits, [batch[i] for i in live.tolist()], all_greedy, rows)
             toks[live, j] = tokens.cpu()
+            drawn[live] += 1
             qs.append(q)
             keys.append(live * K + j)
-            live = live[kap[live] > j + 1]                     # the last draft is drawn but never fed
+            more = kap[live] > j + 1                           # the last draft is drawn but never fed,
+            if self.min_confidence:
+                more &= keep_drafting(logits, tokens, self.min_confidence)   # nor is one the draft doubts
+            live = live[more]
             if len(live):
                 rows = live.tolist()
                 logits = self._feed([batch[i] for i in rows], [computed[i] for i in rows],
                                     [[t] for t in toks[live, j].tolist()])
                 for i in rows:
                     computed[i] += 1
-        drafts = [row[:k] for row, k in zip(toks.tolist(), kappas)]
+        drafts = [row[:k] for row, k in zip(toks.tolist(), drawn.tolist())]
         if not qs or all_greedy:
             return drafts, None, computed
         order = torch.cat(keys).argsort().to(qs[0].device)    # rows were made position by position: reorder by request
@@ -511,6 +537,19 @@ class StepCosts:
         "A step over `num_positions` target positions in which `num_drafting` requests draft up to `kappa` tokens."
         draft = kappa * (self.draft_s + self.draft_request_s * num_drafting) if num_drafting else 0.0
         return self.verify_s + self.verify_token_s * num_positions + draft
+
+    def tokens_per_s(self, batch_size: int, alpha: float, kappa: int) -> float:
+        "Chapter 2's prediction: a decode step of `batch_size` requests of acceptance `alpha`, each drafting `kappa`."
+        E = sum(alpha ** j for j in range(kappa + 1))
+        return batch_size * E / self.step_s(batch_size * (1 + kappa), batch_size if kappa else 0, kappa)
+
+    def best_kappa(self, batch_size: int, alpha: float, kappa_max: int) -> int:
+        "The kappa in 0..kappa_max with the most tokens per second for such a batch (0: decode plainly)."
+        return max(range(kappa_max + 1), key=lambda k: self.tokens_per_s(batch_size, alpha, k))
+
+    def crossing(self, alpha: float, kappa_max: int, max_batch: int = 4096) -> int | None:
+        "The smallest batch at which speculation stops paying on these costs (None: it pays up to max_batch)."
+        return next((b for b in range(1, max_batch + 1) if self.best_kappa(b, alpha, kappa_max) == 0), None)
 
 def live_alpha(r: RequestState, prior: float, strength: float) -> float:
     """r's acceptance rate under Chapter 9's i.i.d. model, fitted to its own steps so far: accepted drafts are
@@ -678,6 +717,13 @@ class StepPlan:
         "The plan of the requests at `rows` only (a drafter that serves part of a batch, a request rerun alone)."
         return StepPlan([self.requests[i] for i in rows], [self.kappas[i] for i in rows], [self.steps[i] for i in rows])
 
+class StepTime(NamedTuple):
+    "One step as the cost model sees it: target positions, requests that drafted, the most drafts, seconds."
+    num_positions: int
+    num_drafting: int
+    kappa: int
+    seconds: float
+
 class Proposal(NamedTuple):
     "A drafter's answer: drafts per request, their q rows, and how many draft positions each request's cache holds now."
     drafts: list
@@ -808,12 +854,13 @@ class Scheduler:
             kappas = self.policy.choose(batch, kappas, num_context)
         return StepPlan(batch, kappas, plan, preempted, num_context)
 
-    def observe(self, plan: StepPlan, proposal: Proposal, seconds: float) -> None:
-        "Tell the policy (if any) what the step drafted and how long it took, for its cost fit."
+    def observe(self, plan: StepPlan, proposal: Proposal, seconds: float) -> "StepTime":
+        "What the step verified and drafted, and how long it took; the policy (if any) learns from it."
+        drafted = [len(d) for d in proposal.drafts]
+        shape = StepTime(plan.num_context + sum(drafted), sum(n > 0 for n in drafted), max(drafted, default=0), seconds)
         if self.policy is not None:
-            drafted = [len(d) for d in proposal.drafts]
-            self.policy.observe(plan.num_context + sum(drafted), sum(n > 0 for n in drafted), max(drafted, default=0),
-                                seconds)
+            self.policy.observe(*shape)
+        return shape
 
     def update(self, plan: StepPlan, proposal: Proposal, output_token_ids: torch.Tensor,
                metrics: SpecMetrics, logprobs: list | None = None) -> list[StepOutput]:
@@ -822,13 +869,14 @@ class Scheduler:
         outputs = []
         for i, (r, d, new) in enumerate(zip(plan.requests, proposal.drafts, _unpad(output_token_ids))):
             try:
-                outputs.append(self._apply(r, d, new, fed[i], metrics, None if logprobs is None else logprobs[i]))
+                outputs.append(self._apply(r, d, new, fed[i], metrics, None if logprobs is None else logprobs[i],
+                                           plan.kappas[i]))
             except Exception as e:
                 outputs.append(self.fail(r, f"{type(e).__name__}: {e}"))
         return outputs
 
     def _apply(self, r: RequestState, drafted: list[int], new: list[int], fed: int, metrics: SpecMetrics,
-               logprobs: list | None) -> StepOutput:
+               logprobs: list | None, kappa: int = 0) -> StepOutput:
         "r's share of a step: keep tokens up to a stop, commit them (roll back the rest, target and draft), count."
         empty = bool(new) and new[-1] == NO_VALID_TOKEN_ID      # the row after these tokens was empty: r ends there
         new = new[:-1] if empty else new
@@ -838,6 +886,9 @@ class Scheduler:
             self.block_manager.commit(r.req_id, len(drafted), len(kept) - 1, kept)  # rolls back; appends the tokens
             r.num_draft_computed = min(fed, r.num_computed_tokens)    # so does the draft
         metrics.update(len(drafted), num_accepted)
+        metrics.count_kappa(kappa)
+        r.kappa_counts += [0] * (kappa + 1 - len(r.kappa_counts))
+        r.kappa_counts[kappa] += 1
         r.num_drafts += int(len(drafted) > 0)
         r.num_draft_tokens += len(drafted)
         r.num_accepted_tokens += num_accepted
@@ -855,7 +906,7 @@ class Scheduler:
         text = None if r.detokenizer is None else r.detokenizer.text
         logprobs = r.logprobs if r.params.logprobs is not None else None
         out = Output(r.output_ids, text, "error", error, r.num_steps, logprobs, r.num_drafts, r.num_draft_tokens,
-                     r.num_accepted_tokens)
+                     r.num_accepted_tokens, r.kappa_counts)
         return StepOutput(r.req_id, [], "", r.num_prompt_tokens, out, r.num_output_tokens, r.arrival_time)
 
     def _emit(self, r: RequestState, kept: list[int], reason: str | None, logprobs: list | None,
@@ -873,7 +924,7 @@ class Scheduler:
         text = None if r.detokenizer is None else r.detokenizer.text
         logprobs = r.logprobs if r.params.logprobs is not None else None
         out = Output(r.output_ids, text, reason, error, r.num_steps, logprobs, r.num_drafts, r.num_draft_tokens,
-                     r.num_accepted_tokens)
+                     r.num_accepted_tokens, r.kappa_counts)
         return StepOutput(r.req_id, kept, r.text_delta(True), r.num_prompt_tokens, out, r.num_output_tokens,
                           r.arrival_time)
 
@@ -957,6 +1008,7 @@ class SpecDecoder:
         self.metrics = SpecMetrics()
         self.stats = {"steps": 0, "target_s": 0.0, "draft_s": 0.0, "target_tokens": 0}
         self.last_proposal = Proposal([])                      # the latest step's drafts (for the policy's cost fit)
+        self.last_step = None                                  # the latest step's StepTime
 
     # -- inspection: what tests, benchmarks and the server read, without reaching into the parts --
     def has_unfinished(self) -> bool:
@@ -1018,7 +1070,7 @@ class SpecDecoder:
         if not plan.requests:
             return []
         outputs = self._run(plan)
-        self.scheduler.observe(plan, self.last_proposal, time.perf_counter() - start)
+        self.last_step = self.scheduler.observe(plan, self.last_proposal, time.perf_counter() - start)
         for out in outputs:
             if out.finished is not None:
                 del self.requests[out.req_id]
@@ -1263,3 +1315,54 @@ def _unpad(out):
     "Rows of the sampler's output without their placeholder slots: the tokens each request emitted."
     counts = (out != PLACEHOLDER_TOKEN_ID).sum(1).tolist()
     return [row[:k] for row, k in zip(out.tolist(), counts)]
+
+# %% ../nbs/08_engine.ipynb #kcal0002
+def calibration_prompts(vocab_size: int, num: int, length: int, seed: int) -> list[list[int]]:
+    "`num` prompts of `length` random token ids (timing only: no text is needed, and no two share a prefix block)."
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (num, length), generator=gen).tolist()
+
+def fit_step_costs(steps: Sequence[StepTime]) -> StepCosts:
+    "StepCosts from measured steps: least squares of seconds on (1, N, K, K L), every coefficient >= 0 (NNLS)."
+    from scipy.optimize import nnls                  # scipy loads on first use, not with the engine
+    X = np.array([[1.0, s.num_positions, s.kappa, s.kappa * s.num_drafting] for s in steps])
+    theta, _ = nnls(X, np.array([s.seconds for s in steps]))
+    if theta[0] + theta[1] <= 0:
+        raise ValueError("the measured steps cost nothing: no StepCosts fits them")
+    return StepCosts(*map(float, theta))
+
+def measure_step_costs(target: Llama, drafter: Any | None, kappa_max: int, batch_sizes: Sequence[int] = (1, 4, 16),
+                       steps: int = 6, prompt_len: int = 16, seed: int = 0) -> StepCosts:
+    """This machine's StepCosts, measured through a throwaway engine's own steps (host work included): for each batch
+    size and kappa in (0, 1, kappa_max), `steps` timed decode steps; the fastest step of each is fitted
+    (`fit_step_costs`; the fastest, as Chapter 9c's `step_seconds`: a busy machine only ever adds time). Build the
+    serving engine after this: the drafter binds to that engine's pool."""
+    check_engine_args(steps=steps, prompt_len=prompt_len, **{f"batch_size {b!r}": b for b in batch_sizes})
+    if isinstance(kappa_max, bool) or not isinstance(kappa_max, int) or kappa_max < 0:
+        raise ValueError(f"kappa_max must be an int >= 0, got {kappa_max!r}")
+    kappas = sorted({0, 1, kappa_max}) if drafter is not None else [0]
+    new_tokens = (steps + 2) * (kappa_max + 1)
+    context = target.args.max_position_embeddings or math.inf
+    prompt_len = min(prompt_len, int(min(context, 2 ** 20)) - new_tokens)
+    if prompt_len < 1:
+        raise ValueError(f"the target's context ({context}) cannot hold a calibration request: lower steps or "
+                         "kappa_max")
+    B, bs = max(batch_sizes), 16
+    eng = SpecDecoder(target, drafter, kappa=kappa_max, seed=seed, max_num_seqs=B, block_size=bs,
+                      num_blocks=B * -(-(prompt_len + new_tokens) // bs), enable_prefix_caching=False,
+                      max_num_batched_tokens=B * (prompt_len + new_tokens))
+    cells = []
+    for b in batch_sizes:
+        for k in kappas:
+            params = SamplingParams(temperature=0, max_tokens=(steps + 2) * (k + 1), ignore_eos=True, kappa=k)
+            for prompt in calibration_prompts(target.args.vocab_size, b, prompt_len, seed + len(cells)):
+                eng.add_request(prompt, params)
+            eng.step()                                           # the prefill: not a decode step
+            timed = []
+            for _ in range(steps):
+                eng.step()
+                timed.append(eng.last_step)
+            for req_id in eng.running_ids() + eng.waiting_ids():
+                eng.abort(req_id)
+            cells.append(min(timed, key=lambda s: s.seconds))
+    return fit_step_costs(cells)

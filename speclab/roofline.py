@@ -198,6 +198,7 @@ class SpecMetrics:
     accepted_per_pos: list = field(default_factory=list)
     drafted_per_pos: list = field(default_factory=list)
     hist: dict = field(default_factory=dict)   # kappa -> [drafts that accepted 0, 1, ..., kappa tokens]
+    kappa_counts: list = field(default_factory=list)   # [request-steps planned to draft 0, 1, 2, ... tokens]
 
     def update(self, kappa: int, num_accepted: int) -> None:
         "Count one request-step that drafted kappa tokens and kept num_accepted of them (kappa = 0: not a draft)."
@@ -214,6 +215,12 @@ class SpecMetrics:
             self.drafted_per_pos[i] += 1
             self.accepted_per_pos[i] += int(i < num_accepted)
         self.hist.setdefault(kappa, [0] * (kappa + 1))[num_accepted] += 1
+
+    def count_kappa(self, kappa: int) -> None:
+        """Count one request-step by the kappa its step planned for it (0: it decoded plainly): the distribution an
+        adaptive policy chooses. A drafter may propose fewer (n-gram lookup finds no match, a draft stops early)."""
+        self.kappa_counts += [0] * (kappa + 1 - len(self.kappa_counts))
+        self.kappa_counts[kappa] += 1
 
     @property
     def mean_acceptance_length(self) -> float:

@@ -223,6 +223,9 @@ def test_planted_wrong_law_is_rejected(wrong):
 
 # --- exactness with the adaptive kappa policy (issue 41) --------------------------------------------------------------
 
+STOP_BELOW = 0.3                  # the stopping rule in the adaptive tests: a draft token under 0.3 ends the run
+
+
 def adaptive_costs(batch) -> StepCosts:
     """Costs under which the policy's choice varies: a fixed part as large as one position per request, so that while
     the batch is full drafting pays only for requests whose live alpha is high, and for more as it shrinks (requests
@@ -272,7 +275,7 @@ def adaptive_counts(peek, sizes):
     chosen = collections.Counter()
     make = PeekingDrafter if peek else ModelDrafter
     counts, drafted = run_law(5, sizes, tuple(GROUPS), lambda call, batch: SpecDecoder(
-        pair()[0], make(pair()[1]), kappa=5, max_num_seqs=len(batch), max_num_batched_tokens=2 ** 20,
+        pair()[0], make(pair()[1], min_confidence=STOP_BELOW), kappa=5, max_num_seqs=len(batch), max_num_batched_tokens=2 ** 20,
         num_blocks=pool_size(5, batch), seed=engine_seed("adaptive", peek, sizes, call),
         policy=RecordingPolicy(adaptive_costs(batch), chosen)))
     return counts, drafted, chosen
@@ -285,12 +288,14 @@ ADAPTIVE = pytest.mark.xdist_group("engine-law-adaptive")
 @pytest.mark.parametrize("temperature,top_k", GROUPS, ids=[f"T{t}-topk{k}" for t, k in GROUPS])
 def test_adaptive_policy_keeps_the_law(temperature, top_k):
     """Issue 41: with the adaptive policy choosing each request's kappa per step from its live alpha, the batch and
-    the costs (kappa 0, 1 and 2 all chosen, varying within requests and across the batch), the first three tokens
-    still follow the target's law at level 1e-3 and the grid's power (TV_JOINT flagged w.p. 0.999)."""
+    the costs (kappa 0, 1 and 2 all chosen, varying within requests and across the batch), and the draft's stopping
+    rule ending a run at a token it gave less than STOP_BELOW, the first three tokens still follow the target's law
+    at level 1e-3 and the grid's power (TV_JOINT flagged w.p. 0.999)."""
     s = GROUPS.index((temperature, top_k))
     counts, drafted, chosen = adaptive_counts(False, law_sizes())
     pval, df, flags = check_law(counts[s], law(temperature, top_k), law_sizes()[s])
     assert drafted > 0 and {0, 1, 2} <= set(chosen), chosen
+    assert drafted < sum(k * n for k, n in chosen.items()), "the stopping rule never cut a run short"
     assert flags <= TV_JOINT, "fewer samples than the stated power needs"
     assert pval > LEVEL, f"chi-square p = {pval:.2e} on {df} df (this test flags TV >= {flags:.3f})"
 

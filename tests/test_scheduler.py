@@ -44,7 +44,8 @@ import numpy as np
 import pytest
 import torch
 
-from speclab.engine import FINISHED, ModelDrafter, NgramDrafter, Output, RequestState, SamplingParams, SpecDecoder
+from speclab.engine import (FINISHED, KappaPolicy, ModelDrafter, NgramDrafter, Output, RequestState, SamplingParams,
+                            SpecDecoder, StepCosts)
 from speclab.kv import FREED, hash_chain
 from speclab.kvlab import BuggyPrefixManager, BuggyWindowManager, check_invariants, manager_state
 from speclab.model import KVCache, Llama, forward
@@ -192,7 +193,24 @@ def tv(a: np.ndarray, b: np.ndarray) -> float:
 
 LAW_PARAMS = [SamplingParams(temperature=t, top_k=k, max_tokens=4) for t, k in SETTINGS]
 LAW_CONFIGS = {"prefix-cache": dict(block_size=2, max_num_seqs=512),
-               "preemption": dict(block_size=2, max_num_seqs=512, num_blocks=LAW_POOL_BLOCKS)}
+               "preemption": dict(block_size=2, max_num_seqs=512, num_blocks=LAW_POOL_BLOCKS),
+               "adaptive": dict(block_size=2, max_num_seqs=512, num_blocks=LAW_POOL_BLOCKS)}
+STOP_BELOW = 0.3          # the adaptive config's stopping rule: a draft token the draft gave < 0.3 ends its run
+ADAPTIVE_COSTS = StepCosts(verify_s=0.1, verify_token_s=1e-4, draft_s=1e-3, draft_request_s=1e-6)   # ChoiceCounter's
+
+
+class ChoiceCounter(KappaPolicy):
+    """Issue 41's adaptive policy, counting the kappas it chooses (planned, before the stopping rule). The synthetic
+    costs (a fixed part worth a thousand positions) make the choice vary: while hundreds of requests run, a draft
+    pays only for requests whose live alpha is high, and deeper runs pay as the batch drains."""
+    def __init__(self):
+        super().__init__(ADAPTIVE_COSTS, alpha_prior=0.5)
+        object.__setattr__(self, "chosen", np.zeros(4, np.int64))
+
+    def choose(self, batch, caps, num_context):
+        kappas = super().choose(batch, caps, num_context)
+        np.add.at(self.chosen, kappas, 1)
+        return kappas
 
 
 @lru_cache(maxsize=None)
@@ -210,7 +228,7 @@ def law_run(config: str, sizes: tuple[int, ...]) -> tuple[np.ndarray, SpecDecode
     """Counts [setting, outcome] of the first three tokens of sizes[s] unseeded requests of each setting s (shuffled
     together by a fixed permutation), the engine, and how many sampled requests were preempted at least once. The
     preempting config adds one greedy FILLER per two sampled requests (checked against plain greedy here)."""
-    fillers = config == "preemption"
+    fillers = config in ("preemption", "adaptive")
     items, setting = [], []
     order = np.random.default_rng(0).permutation(np.repeat(np.arange(len(SETTINGS)), sizes))
     for i, s in enumerate(order):
@@ -219,8 +237,10 @@ def law_run(config: str, sizes: tuple[int, ...]) -> tuple[np.ndarray, SpecDecode
             setting.append(-1)
         items.append((PROMPT, LAW_PARAMS[s]))
         setting.append(int(s))
-    eng = SpecDecoder(pair()[0], make_drafter("model"), kappa=3, seed=engine_seed("law", config, sizes),
-                      **LAW_CONFIGS[config])
+    adaptive = config == "adaptive"
+    drafter = ModelDrafter(pair()[1], min_confidence=STOP_BELOW) if adaptive else make_drafter("model")
+    eng = SpecDecoder(pair()[0], drafter, kappa=3, seed=engine_seed("law", config, sizes),
+                      policy=ChoiceCounter() if adaptive else None, **LAW_CONFIGS[config])
     victims = watch_preemptions(eng)
     outs, req_ids = run_online(eng, items, ARRIVAL_CHUNK)
     setting = np.array(setting)
@@ -239,14 +259,20 @@ def law_run(config: str, sizes: tuple[int, ...]) -> tuple[np.ndarray, SpecDecode
 @pytest.mark.parametrize("config", list(LAW_CONFIGS))
 def test_law_under_engine_events(config):
     """The first three tokens of unseeded sampled requests (model drafter, kappa 3) follow the target's law at level
-    1e-3 while requests join mid-run, hit the prefix cache, and (second config) are preempted and recompute. Each
-    setting's test flags TV >= TV_EVENTS with probability 0.999 on its pooled bins; the counts must reject the other
-    temperature's law (TV 0.20 and 0.09 from the true one)."""
+    1e-3 while requests join mid-run, hit the prefix cache, and (second and third configs) are preempted and
+    recompute; in the third (issue 41) the adaptive policy chooses each request's kappa per step (0 to 3, all chosen)
+    and the draft's stopping rule cuts runs short. Each setting's test flags TV >= TV_EVENTS with probability 0.999 on
+    its pooled bins; the counts must reject the other temperature's law (TV 0.20 and 0.09 from the true one)."""
     sizes = law_sizes()
     counts, eng, preempted = law_run(config, sizes)
     sched = eng.scheduler
     assert sched.num_cached_tokens > 0
-    if config == "preemption":
+    if config == "adaptive":
+        chosen = sched.policy.chosen
+        assert (chosen > 0).all(), f"kappas chosen 0, 1, 2, 3: {chosen.tolist()}"
+        planned = int(np.dot(np.arange(len(eng.metrics.kappa_counts)), eng.metrics.kappa_counts))
+        assert eng.metrics.num_draft_tokens < planned, "the stopping rule never stopped a run"
+    if config in ("preemption", "adaptive"):
         assert sched.num_preemptions > 0
         assert preempted >= 0.05 * sum(sizes), f"only {preempted} sampled requests were preempted"
     else:
