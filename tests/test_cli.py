@@ -109,12 +109,24 @@ MISTAKES = [
     (["generate", "--target", "tiny", "--draft", "/no/draft", "--prompt", "x"],
      ["checkpoint folder not found: /no/draft"]),
     (["generate", "--target", "tiny", "--ngram", "2", "--prompts", "/no/such/file"], ["--prompts file not found"]),
-    (["generate", "--target", "tiny", "--ngram", "2", "--prompt", "x", "--kappa", "0"],
-     ["--kappa must be >= 1, got 0"]),
+    (["generate", "--target", "tiny", "--ngram", "2", "--prompt", "x", "--kappa", "-1"],
+     ["argument --kappa: expected auto or an integer >= 0, got -1"]),
+    # issue 41: --kappa auto|N and the draft's stopping rule, every bad value named by its flag
+    ([*GEN, "--draft", "tiny", "--kappa", "abc"], ["speclab generate: error: argument --kappa: expected auto or an "
+                                                    "integer >= 0, got 'abc'"]),
+    ([*GEN, "--draft", "tiny", "--min-confidence", "1.5"], ["--min-confidence must lie in [0, 1), got 1.5"]),
+    ([*GEN, "--draft", "tiny", "--min-confidence", "nan"], ["--min-confidence must lie in [0, 1), got nan"]),
+    ([*GEN, "--ngram", "2", "--min-confidence", "0.5"], ["--min-confidence: n-gram lookup gives no draft"]),
+    ([*GEN, "--kappa", "2", "--speculative-config", '{"kappa": "auto"}'],
+     ["--kappa 2 and 'kappa' 'auto' in --speculative-config disagree"]),
+    ([*GEN, "--speculative-config", '{"min_confidence": 1.5}'], ["min_confidence must be a number in [0, 1)"]),
+    (["demo", "--kappa", "0"], ["speclab demo: error: --kappa must be >= 1, got 0"]),
+    (["serve", "--kappa", "2", "--num-spec-tokens", "3"], ["speclab serve: error: --kappa 2 and --num-spec-tokens 3"]),
+    (["serve", "--kappa", "1.5"], ["speclab serve: error: argument --kappa: expected auto or an integer >= 0"]),
     (["generate", "--target", "tiny", "--ngram", "2", "--prompt", "x", "--top-p", "2"], ["--top-p must lie in (0, 1]"]),
     (["generate", "--target", "tiny", "--ngram", "2", "--prompt", "x", "--dtype", "int3"], ["argument --dtype"]),
     (["demo", "--temperature", "-1"], ["speclab demo: error: --temperature must be a finite number >= 0"]),
-    (["demo", "--max-tokens", "1000"], ["speclab demo: error:", "exceeds the context of 512 positions"]),
+    (["demo", "--max-tokens", "1000", "--kappa", "3"], ["speclab demo: error:", "exceeds the context of 512"]),
     (["demo", "--max-tokens", "0"], ["speclab demo: error: --max-tokens must be >= 1"]),
     (["demo", "--top-k", "-1"], ["speclab demo: error: --top-k must be an int >= 0"]),
     (["roofline", "--kappa", "0"], ["speclab roofline: error: --kappa must be >= 1, got 0"]),
@@ -202,9 +214,9 @@ def test_triton_without_a_gpu(no_gpu_runs):
 def test_empty_prompt_goes_to_stderr_and_json():
     "An empty prompt: one line on stderr, exit 1; with --json, an error entry beside the other prompt's output."
     (status, out, err), json_run = speclab_runs(
-        ["generate", "--target", "tiny", "--ngram", "2", "--prompt", ""],
-        ["generate", "--target", "tiny", "--draft", "tiny", "--temperature", "0", "--json", "--max-tokens", "8",
-         "--prompt", "", "--prompt", "def f(x):"])
+        ["generate", "--target", "tiny", "--ngram", "2", "--kappa", "3", "--prompt", ""],
+        ["generate", "--target", "tiny", "--draft", "tiny", "--kappa", "3", "--temperature", "0", "--json",
+         "--max-tokens", "8", "--prompt", "", "--prompt", "def f(x):"])
     assert_one_line(status, out, err, "speclab generate: error: prompt 1: ValueError: prompt must hold",
                     "at least one token", code=1)
     assert "SpecDecoding" not in out and "tokens/s" not in out, out
@@ -216,9 +228,12 @@ def test_empty_prompt_goes_to_stderr_and_json():
 
 
 def test_shipped_pair_by_name():
+    "The shipped pair by name, at the default --kappa auto: its calibration is one line on stderr, stdout as before."
     status, out, err = speclab("generate", "--target", "tiny", "--draft", "tiny", "--temperature", "0",
                                "--max-tokens", "12", "--prompt", "def add(a, b):\\n    return")
     assert status == 0 and "SpecDecoding metrics" in out and "[12 tokens, length]" in out, (out, err)
+    assert err.startswith("speclab generate: calibrated on this machine in ") and "(--kappa auto)" in err, err
+    assert len(err.strip().splitlines()) == 1 and "calibrated" not in out, err
     status, out, _ = speclab("generate", "--help")
     flat = " ".join(out.split())
     assert status == 0 and "`tiny` for the shipped pair's 12-layer target" in flat and "(default 1)" in flat, out
@@ -232,14 +247,16 @@ def test_every_way_to_ask_for_a_drafter_means_the_same_one():
     --draft eagle, --method eagle and --speculative-config (method eagle3) emits the same tokens with the same
     acceptance, and they are plain greedy decoding's (the draft model's run); --method ngram and vLLM's whole n-gram
     JSON (prompt_lookup_min 1) are --ngram. The demo runs with the head (its greedy check holds). One child process
-    for all eight."""
-    short = ["generate", "--target", "tiny", "--temperature", "0", "--max-tokens", "16", "--json",
+    for all eight, at a fixed kappa (--kappa auto's choices follow each run's own timing, so its counters would not
+    repeat)."""
+    short = ["generate", "--target", "tiny", "--temperature", "0", "--max-tokens", "16", "--json", "--kappa", "3",
              "--prompt", "def add(a, b):\\n    return", "--prompt", "class Stack:\\n    def push(self"]
     runs = speclab_runs([*short, "--draft", "eagle"], [*short, "--method", "eagle"],
                         [*short, "--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 3}'],
                         [*short, "--draft", "tiny"], [*short, "--ngram", "2"],
                         [*short, "--method", "ngram", "--ngram", "2"],
-                        ["demo", "--method", "eagle", "--repeats", "1", "--max-tokens", "12", "--threads", "1"],
+                        ["demo", "--method", "eagle", "--repeats", "1", "--max-tokens", "12", "--threads", "1",
+                         "--kappa", "3"],
                         [*short, "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, '
                          '"prompt_lookup_min": 1, "prompt_lookup_max": 2}'])          # vLLM's whole n-gram JSON
     assert all(status == 0 for status, _, _ in runs), [err[-2000:] for _, _, err in runs]
@@ -259,7 +276,7 @@ def test_serve_drafts_with_the_eagle_head():
     from speclab.engine import SamplingParams
     from speclab.serve import load_engine
     from speclab.train import tiny_pair_path
-    for argv, want in ((["serve", "--method", "eagle"], 3),
+    for argv, want in ((["serve", "--method", "eagle"], None),      # no number given: --kappa auto's cap is 4
                        (["serve", "--draft", "eagle", "--num-spec-tokens", "2"], 2),
                        (["serve", "--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 2}'], 2)):
         draft, ngram, kappa = drafting(build_parser().parse_args(argv))
@@ -283,7 +300,7 @@ def test_demo_honours_top_k():
     run in one child (`speclab_runs`: 21 CPU s as three console scripts, most of it imports)."""
     def text(out):
         return out[out.index("\n\n"):out.index("SpecDecoding")]
-    short = ["demo", "--repeats", "1", "--max-tokens", "12", "--threads", "1"]
+    short = ["demo", "--repeats", "1", "--max-tokens", "12", "--threads", "1", "--kappa", "3"]
     greedy, top1, top2 = speclab_runs(short, [*short, "--temperature", "1", "--top-k", "1"],
                                       [*short, "--temperature", "1", "--top-k", "50", "--seed", "3"])
     assert greedy[0] == top1[0] == top2[0] == 0, (greedy[2], top1[2], top2[2])

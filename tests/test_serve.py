@@ -193,6 +193,21 @@ def test_stream_adds_up_to_the_completion(client):
     assert all("usage" not in e for e in plain) and plain[-1]["choices"][0]["finish_reason"] == "length"
 
 
+def kappa_buckets(text):
+    "The cumulative buckets of speclab:spec_decode_kappa in a scrape, read by prometheus_client's parser: {le: n}."
+    fam = next(f for f in text_string_to_metric_families(text) if f.name == "speclab:spec_decode_kappa")
+    assert fam.type == "histogram"
+    return {s.labels["le"]: s.value for s in fam.samples if s.name.endswith("_bucket")}
+
+
+def d_kappa_steps(text1, text0):
+    "Request-steps per planned kappa between two scrapes (the histogram's buckets, de-cumulated)."
+    b1, b0 = kappa_buckets(text1), kappa_buckets(text0)
+    les = [le for le in b1 if le != "+Inf"]
+    cum = [b1[le] - b0[le] for le in les]
+    return [int(c - p) for c, p in zip(cum, [0] + cum[:-1])]
+
+
 def test_metrics_equal_the_engine(client, reference):
     "Counter deltas over N greedy requests equal an in-process engine's metrics for the same requests."
     text0, before = client.get("/metrics").text, samples(client)
@@ -205,6 +220,7 @@ def test_metrics_equal_the_engine(client, reference):
     for p in PROMPTS:                                   # one at a time, as the client sent them
         reference.generate([p], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     want, reference.metrics = reference.metrics, m0
+    assert d_kappa_steps(text1, text0) == (want.kappa_counts + [0] * 4)[:4]   # kappa 0..3: the histogram's buckets
     K = 3
     assert (got.num_drafts, got.num_draft_tokens, got.num_accepted_tokens) == \
         (want.num_drafts, want.num_draft_tokens, want.num_accepted_tokens)
@@ -439,6 +455,10 @@ def _speclab(*argv, timeout=60):
     (["--num-spec-tokens", "-1"], ["argument --num-spec-tokens", "must be >= 0"]),
     (["--max-num-seqs", "0"], ["--max-num-seqs must be >= 1"]),
     (["--draft", "tiny", "--ngram", "2"], ["--ngram", "not allowed with argument --draft"]),
+    (["--kappa", "abc"], ["argument --kappa: expected auto or an integer >= 0, got 'abc'"]),
+    (["--min-confidence", "1.5"], ["--min-confidence must lie in [0, 1), got 1.5"]),
+    (["--kappa", "3", "--num-spec-tokens", "2"], ["--kappa 3 and --num-spec-tokens 2 disagree"]),
+    (["--speculative-config", '{"kappa": "fast"}'], ["argument --speculative-config", "kappa must be"]),
 ])
 def test_cli_argument_errors(argv, words):
     r = _speclab("serve", *argv)
@@ -452,9 +472,11 @@ def test_cli_argument_errors(argv, words):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_speclab_serve_process(tmp_path, sig):
     """`speclab serve` as a real process: it prints its URL, serves, and SIGINT or SIGTERM (issue 39: exit 143, no
-    closing line) stops it with status 0 after its closing line."""
+    closing line) stops it with status 0 after its closing line. The SIGINT run starts at the default --kappa auto
+    and prints its calibration; the SIGTERM run at a fixed kappa prints none."""
     out = (tmp_path / "out.txt").open("w")
-    proc = subprocess.Popen([str(SPECLAB), "serve", "--port", "0", "--max-num-seqs", "2", "--threads", "1"],
+    fixed = ["--kappa", "3"] if sig == signal.SIGTERM else []
+    proc = subprocess.Popen([str(SPECLAB), "serve", "--port", "0", "--max-num-seqs", "2", "--threads", "1", *fixed],
                             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         deadline, url = time.monotonic() + 120, None
@@ -477,6 +499,11 @@ def test_speclab_serve_process(tmp_path, sig):
         out.close()
     text = (tmp_path / "out.txt").read_text()
     assert "speclab serve: stopped" in text and "Traceback" not in text, text
+    if fixed:
+        assert "kappa = 3" in text and "calibrated" not in text, text
+    else:
+        assert "kappa auto (0..4)" in text and "speclab serve: calibrated on this machine in " in text, text
+        assert "kappa chosen per step in 0..4 (--kappa auto)" in text, text
 
 
 def test_fresh_server_scrapes_at_zero(reference):
