@@ -23,7 +23,7 @@ PROMPT = "def add(a, b):\n"
 @pytest.fixture(scope="module")
 def client():
     "An openai.OpenAI client on a `speclab serve` process (the shipped pair, kappa 3)."
-    with serve_process("--max-num-seqs", "4", "--threads", "1") as url:
+    with serve_process("--max-num-seqs", "4", "--threads", "1", "--kappa", "3") as url:
         with openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120) as c:
             yield c
 
@@ -286,8 +286,8 @@ def test_chat_without_a_template_is_refused(client):
 def chat_server(templated):
     "(url, in-process engine) of `speclab serve` on the templated target and the shipped draft."
     engine = load_engine(templated, tiny_pair_path("draft"), kappa=3)
-    with serve_process("--target", str(templated), "--draft", "tiny", "--served-model-name", "chat", "--threads",
-                       "1") as url:
+    with serve_process("--target", str(templated), "--draft", "tiny", "--served-model-name", "chat", "--kappa", "3",
+                       "--threads", "1") as url:
         yield url, engine
 
 

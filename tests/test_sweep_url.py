@@ -44,7 +44,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def servers():
     "A speculative server (the shipped pair, kappa 3) and a plain one (the target alone); both must stop cleanly."
-    with serve_process("--num-spec-tokens", "3", "--max-num-seqs", "4", "--threads", "1") as spec_url, \
+    with serve_process("--kappa", "3", "--num-spec-tokens", "3", "--max-num-seqs", "4", "--threads", "1") as spec_url, \
             serve_process("--draft", "none", "--max-num-seqs", "4", "--threads", "1") as plain_url:
         yield spec_url, plain_url
 

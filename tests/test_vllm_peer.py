@@ -37,7 +37,7 @@ SKIP_REASON = ("needs real vLLM, which CI does not install: set SPECLAB_VLLM_PYT
 
 def speclab_flags(drafter: str, eagle_dir: Path) -> list[str]:
     "`speclab serve`'s flags for one drafter on the shipped pair, kappa 3, greedy-friendly defaults."
-    k = ["--num-spec-tokens", str(KAPPA), "--seed", "0"]
+    k = ["--num-spec-tokens", str(KAPPA), "--kappa", str(KAPPA), "--seed", "0"]
     flags = {"plain": ["--draft", "none", "--seed", "0"], "draft_model": ["--draft", str(vllm_env.DRAFT), *k],
              "ngram": ["--ngram", "3", *k], "eagle3": ["--method", "eagle3", "--draft", str(eagle_dir), *k]}
     return flags[drafter]
