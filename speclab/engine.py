@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import astuple, dataclass, field, fields, replace
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -269,6 +269,7 @@ def ngram_propose(tokens: list[int], kappa: int, n: int = 3, min_n: int = 1) -> 
 class NgramDrafter:
     "Drafts by prompt lookup: no model and no q (a one-hot draft): acceptance is the target's probability of the guess."
     uses_probs = False
+    reuses_prefix_kv = False   # it keeps no K/V
 
     def __init__(self, n: int = 3, min_n: int = 1):
         if not 1 <= min_n <= n:
@@ -519,11 +520,13 @@ def check_schedule(kappa: int | dict[int, int]) -> int | dict[int, int]:
 class StepCosts:
     """Seconds of one step on this machine, Chapter 2's costs measured: the target's forward over N positions takes
     `verify_s + verify_token_s * N`; each of the step's draft forwards over L drafting requests takes
-    `draft_s + draft_request_s * L` (a draft model or a head; all zero for n-gram lookup)."""
+    `draft_s + draft_request_s * L` (a draft model or a head; all zero for n-gram lookup); a step in which anyone
+    drafts also pays `spec_s` once (the rejection sampler's host work, the draft's catch-up of the batch)."""
     verify_s: float
     verify_token_s: float
     draft_s: float = 0.0
     draft_request_s: float = 0.0
+    spec_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -535,7 +538,7 @@ class StepCosts:
 
     def step_s(self, num_positions: int, num_drafting: int, kappa: int) -> float:
         "A step over `num_positions` target positions in which `num_drafting` requests draft up to `kappa` tokens."
-        draft = kappa * (self.draft_s + self.draft_request_s * num_drafting) if num_drafting else 0.0
+        draft = self.spec_s + kappa * (self.draft_s + self.draft_request_s * num_drafting) if num_drafting else 0.0
         return self.verify_s + self.verify_token_s * num_positions + draft
 
     def tokens_per_s(self, batch_size: int, alpha: float, kappa: int) -> float:
@@ -558,23 +561,29 @@ def live_alpha(r: RequestState, prior: float, strength: float) -> float:
     return (prior * strength + accepted) / (strength + accepted + r.num_rejections)
 
 class CostFit:
-    """StepCosts learned from the engine's own steps: least squares of each step's seconds on (1, N, K, K L), older
+    """StepCosts learned from the engine's own steps: least squares of each step's seconds on `features`, older
     steps weighing `decay` less per step, with a ridge toward `prior` (at a step's typical size, SCALE) so that a term
     no step has exercised, such as the draft's before any step drafted, keeps its calibrated value. Host work
     (scheduling, the sampler, the update) is in the measured seconds, so it is in the fit."""
-    SCALE = np.array([1.0, 64.0, 3.0, 48.0])   # a typical step's (1, N, K, K L): the prior's pull, in seconds
+    SCALE = np.array([1.0, 64.0, 3.0, 48.0, 1.0])   # a typical step's features: the prior's pull, in seconds
 
     def __init__(self, prior: StepCosts, decay: float = 0.95, prior_weight: float = 0.001):
-        self.theta0 = np.array([prior.verify_s, prior.verify_token_s, prior.draft_s, prior.draft_request_s])
+        self.theta0 = np.array(astuple(prior))
         self.ridge = prior_weight * self.SCALE ** 2
         self.decay = decay
-        self.xtx = np.zeros((4, 4))
-        self.xty = np.zeros(4)
+        self.xtx = np.zeros((5, 5))
+        self.xty = np.zeros(5)
         self.costs = prior
+
+    @staticmethod
+    def features(num_positions: int, num_drafting: int, kappa: int) -> np.ndarray:
+        "A step's regressors, in StepCosts' field order: (1, N, K, K L, whether anyone drafted)."
+        drafted = num_drafting > 0 and kappa > 0
+        return np.array([1.0, num_positions, kappa * drafted, kappa * num_drafting, float(drafted)])
 
     def observe(self, num_positions: int, num_drafting: int, kappa: int, seconds: float) -> StepCosts:
         "Fold one measured step into the fit; returns the refitted costs."
-        x = np.array([1.0, num_positions, kappa, kappa * num_drafting])
+        x = self.features(num_positions, num_drafting, kappa)
         self.xtx = self.decay * self.xtx + np.outer(x, x)
         self.xty = self.decay * self.xty + seconds * x
         theta = np.linalg.solve(self.xtx + np.diag(self.ridge), self.xty + self.ridge * self.theta0)
@@ -882,8 +891,9 @@ class Scheduler:
         new = new[:-1] if empty else new
         num_accepted = len(new) if empty else len(new) - 1      # every token before an empty row was a draft
         kept, reason = r.keep(new)                             # a stop inside the run: a shorter run, still a prefix
-        if kept:
-            self.block_manager.commit(r.req_id, len(drafted), len(kept) - 1, kept)  # rolls back; appends the tokens
+        if kept:                                               # rolls back, appends the tokens, publishes blocks
+            self.block_manager.commit(r.req_id, len(drafted), len(kept) - 1, kept,
+                                      fed if self.draft_reuses_prefix else None)   # whose draft K/V are written
             r.num_draft_computed = min(fed, r.num_computed_tokens)    # so does the draft
         metrics.update(len(drafted), num_accepted)
         metrics.count_kappa(kappa)
@@ -1000,7 +1010,8 @@ class SpecDecoder:
         self.config = replace(self.config, num_blocks=num_blocks)   # the pool is built now, at its final size
         lag = int(sliding_window is not None and len(models) > 1)   # the draft's queries lag the target's by one
         bm = BlockManager(num_blocks, block_size, sliding_window and sliding_window + lag, enable_prefix_caching)
-        self.scheduler = Scheduler(self.config, bm, getattr(drafter, "reuses_prefix_kv", True), policy)
+        reuses = drafter is not None and getattr(drafter, "reuses_prefix_kv", True)   # a draft model's K/V
+        self.scheduler = Scheduler(self.config, bm, reuses, policy)
         self.runner = ModelRunner(self.config, target, drafter, sampler or partial(rejection_sampler, check=False))
         self.processor = InputProcessor(self.config, target.args.vocab_size, tokenizer, self.gen)
         self.requests = {}                                     # req_id -> RequestState, until it finishes
@@ -1238,15 +1249,31 @@ class ModelRunner:
             drafter.bind(config.num_blocks, config.block_size, config.sliding_window)
 
     def draft(self, plan: StepPlan, catch_up: bool) -> Proposal:
-        "Stage 2: the drafter's tokens and q rows (a model drafter catches its cache up first, also when `catch_up`)."
+        """Stage 2: the drafter's tokens and q rows. A model drafter catches its cache up first; in a step where no
+        one drafts it catches up only requests still on their prompt (when `catch_up`: their blocks reach the prefix
+        cache now), or all of them under a sliding window (old positions leave the pool); the rest wait."""
         drafter = self.drafter
+        none = Proposal([[] for _ in plan.requests])
         if drafter is None or not (any(plan.kappas) or catch_up and drafter.uses_probs):
-            return Proposal([[] for _ in plan.requests])
+            return none
+        if not any(plan.kappas) and self.config.sliding_window is None:
+            return self._catch_up(plan, none)
         proposal = Proposal(*drafter.propose(plan))
         greedy = all(r.params.greedy for r in plan.requests)
         if proposal.draft_probs is None and drafter.uses_probs and any(proposal.drafts) and not greedy:
             raise RuntimeError("drafter returned drafts without their q rows")
         return proposal
+
+    def _catch_up(self, plan: StepPlan, none: Proposal) -> Proposal:
+        "A step without drafts: feed the draft only the requests whose prompt is in the step, if any."
+        rows = [i for i, (r, s) in enumerate(zip(plan.requests, plan.first_positions())) if s < r.num_prompt_tokens]
+        if not rows:
+            return none
+        computed = [r.num_draft_computed for r in plan.requests]
+        _, _, fed = self.drafter.propose(plan.take(rows))
+        for i, n in zip(rows, fed):
+            computed[i] = n
+        return none._replace(num_draft_computed=computed)
 
     def verify(self, plan: StepPlan, proposal: Proposal) -> tuple[torch.Tensor, list | None, int]:
         "Stages 3-5: the plan's slots, one target forward over the batch, the sampler: (output ids, logprobs, N)."
@@ -1258,8 +1285,9 @@ class ModelRunner:
                          self.config.sliding_window, slots, check=False)   # tables and slots: the plan's
         params = [r.params for r in batch]
         num_tokens = sum(len(b) for b in blocks)
-        if self.drafter is None:                                      # plain decoding: no drafts, no rejection step
-            logits = forward_paged(self.target, self.cache, pb, pb.last_token_indices, check=False)
+        if not any(drafts):                  # no drafts (plain decoding, or kappa 0 for all): no rejection step
+            run_target = getattr(self.drafter, "forward_target", partial(forward_paged, check=False))  # EAGLE: features
+            logits = run_target(self.target, self.cache, pb, pb.last_token_indices)
             rows = batch_processors(batch, logits.shape[1], self.device)
             out = sample_plain(logits, params, [r.target_gen for r in batch], rows)[:, None]
             num_draft_tokens = [0] * len(batch)
@@ -1323,9 +1351,9 @@ def calibration_prompts(vocab_size: int, num: int, length: int, seed: int) -> li
     return torch.randint(0, vocab_size, (num, length), generator=gen).tolist()
 
 def fit_step_costs(steps: Sequence[StepTime]) -> StepCosts:
-    "StepCosts from measured steps: least squares of seconds on (1, N, K, K L), every coefficient >= 0 (NNLS)."
+    "StepCosts from measured steps: least squares of seconds on `CostFit.features`, every coefficient >= 0 (NNLS)."
     from scipy.optimize import nnls                  # scipy loads on first use, not with the engine
-    X = np.array([[1.0, s.num_positions, s.kappa, s.kappa * s.num_drafting] for s in steps])
+    X = np.array([CostFit.features(s.num_positions, s.num_drafting, s.kappa) for s in steps])
     theta, _ = nnls(X, np.array([s.seconds for s in steps]))
     if theta[0] + theta[1] <= 0:
         raise ValueError("the measured steps cost nothing: no StepCosts fits them")

@@ -312,9 +312,11 @@ class BlockManager:
             raise ValueError(f"emitted_tokens must be a list of num_accepted + 1 = {num_accepted + 1} tokens, "
                              f"got {emitted!r:.80}")
 
-    def commit(self, req_id: Hashable, num_drafted: int, num_accepted: int, emitted_tokens: list[int]) -> int:
+    def commit(self, req_id: Hashable, num_drafted: int, num_accepted: int, emitted_tokens: list[int],
+               num_cacheable: int | None = None) -> int:
         """Finish the step in flight: roll back every lookahead slot but the accepted drafts, append the emitted tokens
-        (n accepted + 1), offer the prefix cache the blocks finished before the step. Returns num_computed_tokens."""
+        (n accepted + 1), offer the prefix cache the blocks finished before the step (only those within the first
+        `num_cacheable` tokens when given: a draft model whose K/V lag). Returns num_computed_tokens."""
         r = self._get(req_id)
         if r.num_lookahead_tokens is None:
             raise ValueError(f"request {req_id!r} has no step in flight: nothing to commit or roll back "
@@ -324,7 +326,8 @@ class BlockManager:
         r.num_computed_tokens -= r.num_lookahead_tokens - num_accepted  # the rollback: those slots are never read
         r.num_lookahead_tokens = None
         self._append_tokens(r, emitted_tokens)
-        self._cache_blocks(r, num_tokens)  # finalized and written: drafts have no key, the new tokens wait a step
+        written = num_tokens if num_cacheable is None else min(num_tokens, num_cacheable)
+        self._cache_blocks(r, written)  # finalized and written: drafts have no key, the new tokens wait a step
         if self.sliding_window is not None:
             self._free_outside_window(r, r.num_computed_tokens)  # the processed length, after the rollback
         return r.num_computed_tokens

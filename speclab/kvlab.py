@@ -98,8 +98,9 @@ def toy_step(manager: BlockManager, kv: PagedKV, req_id: Hashable, tokens: list[
 # %% ../nbs/06b_kvlab.ipynb #057ebf17
 class BuggyPrefixManager(BlockManager):
     "A planted bug (Hazard 2): commit publishes every full block of finalized tokens, K/V written or not."
-    def commit(self, req_id: Hashable, num_drafted: int, num_accepted: int, emitted_tokens: list[int]) -> int:
-        out = super().commit(req_id, num_drafted, num_accepted, emitted_tokens)
+    def commit(self, req_id: Hashable, num_drafted: int, num_accepted: int, emitted_tokens: list[int],
+               num_cacheable: int | None = None) -> int:
+        out = super().commit(req_id, num_drafted, num_accepted, emitted_tokens, num_cacheable)
         r = self.requests[req_id]
         self._cache_blocks(r, r.num_tokens)  # BUG: the last emitted token is final, but its K/V is not written yet
         return out
@@ -107,9 +108,10 @@ class BuggyPrefixManager(BlockManager):
 # %% ../nbs/06b_kvlab.ipynb #665e9a92
 class BuggyWindowManager(BlockManager):
     "A planted bug (Hazard 3): frees blocks outside the sliding window of the optimistic length, before the rollback."
-    def commit(self, req_id: Hashable, num_drafted: int, num_accepted: int, emitted_tokens: list[int]) -> int:
+    def commit(self, req_id: Hashable, num_drafted: int, num_accepted: int, emitted_tokens: list[int],
+               num_cacheable: int | None = None) -> int:
         optimistic = self._get(req_id).num_computed_tokens
-        out = super().commit(req_id, num_drafted, num_accepted, emitted_tokens)
+        out = super().commit(req_id, num_drafted, num_accepted, emitted_tokens, num_cacheable)
         if self.sliding_window is not None:
             self._free_outside_window(self.requests[req_id], optimistic)  # BUG: the boundary before the rollback
         return out
