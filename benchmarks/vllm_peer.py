@@ -53,25 +53,28 @@ NGRAM_MAX = 3
 EAGLE_DRAFT_VOCAB = 1024                  # the head drafts from 1,024 of the 4,096 ids (a d2t map, as published heads)
 
 
-def drafter_configs(drafter: str, kappa: int, eagle_dir: Path | None) -> tuple[dict | None, list[str]]:
-    "vLLM's speculative config (None: plain) and `speclab serve`'s flags for the same drafter."
+def drafter_configs(drafter: str, kappa: int, eagle_dir: Path | None,
+                    speclab_kappa: str = "auto") -> tuple[dict | None, list[str]]:
+    """vLLM's speculative config (None: plain) and `speclab serve`'s flags for the same drafter: speclab plans 0..kappa
+    drafts a step with `speclab_kappa` "auto" (its default policy), exactly kappa with "fixed"."""
     k = str(kappa)
+    own = ["--kappa", "auto" if speclab_kappa == "auto" else k]
     if drafter == "plain":
         return None, ["--draft", "none"]
     if drafter == "draft_model":
         config = {"method": "draft_model", "model": str(vllm_env.DRAFT), "num_speculative_tokens": kappa}
-        return config, ["--draft", str(vllm_env.DRAFT), "--num-spec-tokens", k]
+        return config, ["--draft", str(vllm_env.DRAFT), "--num-spec-tokens", k] + own
     if drafter == "ngram":
         # vLLM sets prompt_lookup_min = prompt_lookup_max when only the max is given; speclab's --ngram N looks up
         # n-grams of N down to 1, so vLLM is given min 1 explicitly (both: the longest match of 1..3 tokens).
         config = {"method": "ngram", "num_speculative_tokens": kappa, "prompt_lookup_min": 1,
                   "prompt_lookup_max": NGRAM_MAX}
-        return config, ["--ngram", str(NGRAM_MAX), "--num-spec-tokens", k]
+        return config, ["--ngram", str(NGRAM_MAX), "--num-spec-tokens", k] + own + own
     if drafter == "eagle3":
         if eagle_dir is None:
             raise ValueError("eagle_dir must name the EAGLE-3 head's folder for drafter 'eagle3'")
         config = {"method": "eagle3", "model": str(eagle_dir), "num_speculative_tokens": kappa}
-        return config, ["--method", "eagle3", "--draft", str(eagle_dir), "--num-spec-tokens", k]
+        return config, ["--method", "eagle3", "--draft", str(eagle_dir), "--num-spec-tokens", k] + own
     raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
 
 
@@ -170,7 +173,7 @@ def warm_up(client: httpx.Client, urls: dict, models: dict, prompts: list) -> No
 def measure_drafter(drafter: str, args: argparse.Namespace, prompts: list, eagle_dir: Path | None,
                     python: Path, log_dir: Path) -> list:
     "Both servers for one drafter, every concurrency interleaved: one record per concurrency."
-    vllm_config, speclab_argv = drafter_configs(drafter, args.kappa, eagle_dir)
+    vllm_config, speclab_argv = drafter_configs(drafter, args.kappa, eagle_dir, args.speclab_kappa)
     speclab_argv += ["--max-num-seqs", str(args.max_num_seqs), "--seed", "0"]
     records = []
     with vllm_env.speclab_server(*speclab_argv, log=log_dir / f"speclab_{drafter}.log") as s_url, \
@@ -387,6 +390,8 @@ def parse_args(argv: list | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=None, help="tokens per request, ignore_eos (64)")
     p.add_argument("--repeats", type=int, default=None, help="interleaved repeats per level (2)")
     p.add_argument("--kappa", type=int, default=3, help="drafted tokens per step (3)")
+    p.add_argument("--speclab-kappa", choices=("auto", "fixed"), default="auto",
+                   help="speclab's policy: auto plans 0..kappa per step (the default of speclab serve), fixed: kappa")
     p.add_argument("--max-num-seqs", type=int, default=16, help="both servers' running limit (16)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per HTTP request (600)")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "vllm_peer"),
@@ -426,7 +431,8 @@ def main(argv: list | None = None) -> int:
     meta = dict(date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), machine=machine(),
                 versions=versions(python), command="python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
                 drafters=args.drafters, concurrency=args.concurrency, prompts=args.prompts, prompt_len=64,
-                max_tokens=args.max_tokens, repeats=args.repeats, kappa=args.kappa, max_num_seqs=args.max_num_seqs,
+                max_tokens=args.max_tokens, repeats=args.repeats, kappa=args.kappa, speclab_kappa=args.speclab_kappa,
+                max_num_seqs=args.max_num_seqs,
                 ngram=dict(speclab=f"--ngram {NGRAM_MAX}", vllm=f"prompt_lookup_min 1, prompt_lookup_max {NGRAM_MAX}"),
                 eagle=f"random EAGLE-3 head, write_eagle3(seed=0, draft_vocab_size={EAGLE_DRAFT_VOCAB})")
     records = []

@@ -234,9 +234,9 @@ def adaptive_costs(batch) -> StepCosts:
 
 
 class RecordingPolicy(KappaPolicy):
-    "The adaptive policy, recording every kappa it chooses into `chosen` (a Counter the test owns)."
+    "The adaptive policy (exploring), recording every kappa it chooses into `chosen` (a Counter the test owns)."
     def __init__(self, costs, chosen):
-        super().__init__(costs, alpha_prior=0.5)
+        super().__init__(costs, alpha_prior=0.5, explore=0.1)        # a tenth of the steps explore, too
         object.__setattr__(self, "chosen", chosen)
 
     def choose(self, batch, caps, num_context):
