@@ -6,10 +6,11 @@
 On the shipped tiny pair (fp32; two torch threads), the same 16 held-out prompts (Chapter 9c's) are served with
 `max_num_seqs` = concurrency (continuous batching), greedy, `--tokens` new tokens each. Per drafter (the draft model,
 n-gram lookup n <= 3, the shipped EAGLE head) the engines are: kappa 1, 2 and 3 fixed, and what `speclab serve`
-builds for `--kappa auto`: `KappaPolicy.adaptive` (this machine's costs from `measure_step_costs` as the prior, one
-calibration per drafter, recorded with the run; refitted from every step; 3% of steps explore), kappa in 0..4.
-Plain decoding is shared by all drafters. Every engine is built once and warmed; each round runs every engine at every concurrency in one interleaved order, so a busy
-machine slows them alike. Medians over rounds; every ratio is of medians of the same run:
+builds for `--kappa auto`: `KappaPolicy.adaptive` (this machine's costs from `measure_step_costs`, one
+calibration per drafter, recorded with the run; each request's live alpha; no refit), kappa in 0..4.
+Plain decoding is shared by all drafters. Every engine is built once and warmed; each round runs every engine at
+every concurrency in one interleaved order, so a busy machine slows them alike. Medians over rounds; every ratio is
+of medians of the same run:
 
 * auto / best: auto against max(plain, kappa 1, 2, 3), the issue's bar is 0.97;
 * the calibration's predicted crossing (the batch from which plain is best at alpha = the drafter's measured

@@ -113,7 +113,7 @@ def auto_policy(target: Llama, drafter: Any, kappa_max: int,
     cal = calibrate(target, drafter, kappa_max)
     if on_calibration is not None:
         on_calibration(cal)
-    return KappaPolicy.adaptive(cal.costs, alpha_prior=cal.alpha)   # refitted every step, exploring
+    return KappaPolicy.adaptive(cal.costs, alpha_prior=cal.alpha)   # the calibrated costs, every step
 
 def load_engine(target: str | Path, draft: str | Path | None = None, ngram: int | None = None,
                 kappa: int | str = "auto", *, kappa_max: int | None = None, min_confidence: float = 0.0,
