@@ -668,11 +668,12 @@ class EagleDrafter:
             if self.min_confidence:
                 more &= keep_drafting(logits, tokens, self.min_confidence)   # nor is one the head doubts
             live = live[more]
-            if len(live):
-                rows = live.to(hidden.device)
-                own = self._run([batch[i] for i in live.tolist()], [ends[i] + j for i in live.tolist()],
-                                [[t] for t in toks[live, j].tolist()], hidden[rows])    # its own state as feature
-                hidden = hidden.index_copy(0, rows, own)
+            if not len(live):                                          # every run has ended
+                break
+            rows = live.to(hidden.device)
+            own = self._run([batch[i] for i in live.tolist()], [ends[i] + j for i in live.tolist()],
+                            [[t] for t in toks[live, j].tolist()], hidden[rows])    # its own state as feature
+            hidden = hidden.index_copy(0, rows, own)
         drafts = [row[:k] for row, k in zip(toks.tolist(), drawn.tolist())]
         if not qs or all_greedy:
             return drafts, None, ends

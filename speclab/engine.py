@@ -481,12 +481,13 @@ class ModelDrafter:
             if self.min_confidence:
                 more &= keep_drafting(logits, tokens, self.min_confidence)   # nor is one the draft doubts
             live = live[more]
-            if len(live):
-                rows = live.tolist()
-                logits = self._feed([batch[i] for i in rows], [computed[i] for i in rows],
-                                    [[t] for t in toks[live, j].tolist()])
-                for i in rows:
-                    computed[i] += 1
+            if not len(live):                                  # every run has ended (the stopping rule may end
+                break                                          # them all before the longest kappa)
+            rows = live.tolist()
+            logits = self._feed([batch[i] for i in rows], [computed[i] for i in rows],
+                                [[t] for t in toks[live, j].tolist()])
+            for i in rows:
+                computed[i] += 1
         drafts = [row[:k] for row, k in zip(toks.tolist(), drawn.tolist())]
         if not qs or all_greedy:
             return drafts, None, computed
