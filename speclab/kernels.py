@@ -5,17 +5,18 @@
 # %% auto #0
 __all__ = ['CHECKS', 'BLOCK_V', 'PLACEHOLDER', 'FIXED_POINT_SCALE', 'FIXED_POINT_QUANTUM', 'KERNELS', 'greedy_sample',
            'random_sample', 'recovered_exponential', 'recovered_inverse_cdf', 'chain_sample', 'block_sample',
-           'compile_kernel', 'ptx_hazards']
+           'ancestor_mask_triton', 'compile_kernel', 'ptx_hazards']
 
 # %% ../nbs/04_kernels.ipynb #f6b584c5
 import re
+from collections.abc import Sequence
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from .sampling import FIXED_POINT, PLACEHOLDER_TOKEN_ID
+from .sampling import FIXED_POINT, PLACEHOLDER_TOKEN_ID, _check_parents, _depths
 
 # %% ../nbs/04_kernels.ipynb #79718dd3
 @triton.jit
@@ -435,11 +436,47 @@ def block_sample(output_token_ids: Tensor, cu_num_draft_tokens: Tensor, draft_to
                         **flags, BLOCK_V=block_v, **_OPTS)
     return output_token_ids
 
+# %% ../nbs/04_kernels.ipynb #a4c7ee02
+@triton.jit
+def _ancestor_mask_kernel(mask_ptr, parents_ptr, cu_ptr, T, max_depth, BLOCK_T: tl.constexpr):
+    # Invariants: the walk from node i up its parent pointers visits exactly i's ancestors and ends at the root within
+    # max_depth + 1 steps; one store writes the whole row, padding included, so every entry is written once.
+    req = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1).to(tl.int64)
+    start, end = _request_span(cu_ptr, req)
+    cols = tl.arange(0, BLOCK_T).to(tl.int64)
+    node = tl.where(i < end - start, i, -1)             # a padding row walks nothing: it stays all False
+    row = tl.zeros([BLOCK_T], dtype=tl.int8)
+    for _ in range(max_depth + 1):
+        row = row | (cols == node).to(tl.int8)
+        node = tl.load(parents_ptr + start + node, mask=node >= 0, other=-1)   # past the root: -1 for good
+    tl.store(mask_ptr + (req * T + i) * T + cols, row, mask=cols < T)
+
+# %% ../nbs/04_kernels.ipynb #a4c7ee04
+def ancestor_mask_triton(parents_list: Sequence[Sequence[int]], device: str | torch.device = "cpu") -> Tensor:
+    "Ancestor masks of a batch of trees (Triton): bool [B, T, T], T the largest tree; rows/cols past a tree are False."
+    if not isinstance(parents_list, (list, tuple)):
+        raise TypeError(f"parents_list must be a list of parent arrays, got {type(parents_list).__name__}")
+    max_depth = 0
+    for b, parents in enumerate(parents_list):
+        _check_parents(parents, f"parents_list[{b}]")
+        max_depth = max(max_depth, max(_depths(parents)))
+    lens = [len(p) for p in parents_list]
+    B, T = len(lens), max(lens, default=0)
+    out = torch.empty((B, T, T), dtype=torch.int8, device=device)
+    if B == 0:
+        return out.view(torch.bool)
+    flat = torch.tensor([p for parents in parents_list for p in parents], dtype=torch.int64, device=device)
+    cu = torch.tensor(lens, dtype=torch.int64, device=device).cumsum(0)
+    _ancestor_mask_kernel[(B, T)](out, flat, cu, T, max_depth, BLOCK_T=triton.next_power_of_2(T), **_OPTS)
+    return out.view(torch.bool)
+
 # %% ../nbs/04_kernels.ipynb #ed2657db
 _ARG_TYPES = {"out_ptr": "*i64", "rec_ptr": "*i64", "cu_ptr": "*i64", "draft_ptr": "*i64", "argmax_ptr": "*i64",
               "bonus_ptr": "*i64", "recovered_ptr": "*i64", "is_greedy_ptr": "*i1", "draft_probs_ptr": "*fp32",
               "target_probs_ptr": "*fp32", "exp_ptr": "*fp32", "uniform_ptr": "*fp64", "coin_ptr": "*fp64",
-              "out_stride": "i32", "B": "i32", "V": "i32"}
+              "out_stride": "i32", "B": "i32", "V": "i32", "mask_ptr": "*i8", "parents_ptr": "*i64", "T": "i32",
+              "max_depth": "i32"}
 
 def compile_kernel(kernel: triton.JITFunction, arch: int = 90, **constexprs) -> triton.compiler.CompiledKernel:
     "Compile a kernel of this module ahead of time for CUDA compute capability `arch`: needs no GPU, no interpreter."
@@ -467,4 +504,5 @@ KERNELS = {  # op -> (kernel, the constexpr variants the op can launch)
                                        for h in _BOTH for n in _BOTH]),
     "block_sample": ("_block_kernel", [dict(HAS_IS_GREEDY=h, NO_DRAFT_PROBS=n, BLOCK_V=BLOCK_V)
                                        for h in _BOTH for n in _BOTH]),
+    "ancestor_mask_triton": ("_ancestor_mask_kernel", [dict(BLOCK_T=t) for t in (16, 256)]),
 }

@@ -11,8 +11,8 @@ __all__ = ['PROB_TOL', 'PLACEHOLDER_TOKEN_ID', 'FIXED_POINT', 'NO_VALID_TOKEN_ID
            'top_p_mask_sort', 'top_p_mask_partial', 'apply_min_p', 'sampling_probs', 'token_counts', 'row_positions',
            'position_counts', 'position_recent', 'ProcessorRows', 'apply_penalties', 'apply_min_tokens',
            'apply_bad_words', 'process_logits', 'no_valid_rows', 'neutralize', 'cut_at_no_valid', 'draw_tokens',
-           'fixed_point_pick', 'tree_children', 'tree_verify', 'tree_step', 'SpecDecodeIndices',
-           'expand_batch_to_tokens', 'SamplingMetadata', 'rows_at_positions', 'rejection_sampler']
+           'fixed_point_pick', 'tree_children', 'tree_verify', 'tree_step', 'tree_depths', 'ancestor_mask',
+           'SpecDecodeIndices', 'expand_batch_to_tokens', 'SamplingMetadata', 'rows_at_positions', 'rejection_sampler']
 
 # %% ../nbs/03_sampling.ipynb #2171a951
 import importlib
@@ -682,6 +682,40 @@ def tree_step(prefix: Sequence[int], target_fn: Callable[[tuple[int, ...]], np.n
         frontier = nxt
     target = torch.stack([torch.tensor(target_fn(tuple(prefix) + path)) for path in paths])
     return tree_verify(tokens, parents, target, rng.random(len(tokens)), rng.random())
+
+# %% ../nbs/03_sampling.ipynb #a3c0de02
+def _check_parents(parents, name: str = "parents") -> None:
+    "Raise a ValueError naming `name` unless `parents` is a parent array: root first (-1), then 0 <= parents[i] < i."
+    if not isinstance(parents, (list, tuple)) or not len(parents) or parents[0] != -1 or type(parents[0]) is not int:
+        got = repr(parents)[:60] if isinstance(parents, (list, tuple)) else type(parents).__name__
+        raise ValueError(f"{name} must be a non-empty list of ints whose entry 0 is -1 (the root), got {got}")
+    for i, p in enumerate(parents[1:], 1):
+        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < i:
+            raise ValueError(f"{name}[{i}] must be an int in [0, {i}) (a parent comes before its child), got {p!r}")
+
+def _depths(parents) -> list[int]:
+    "tree_depths without the check."
+    depths = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depths[i] = depths[parents[i]] + 1
+    return depths
+
+def _ancestors(parents) -> np.ndarray:
+    "ancestor_mask without the check, as a numpy bool array: row i is row parents[i] plus node i itself."
+    mask = np.eye(len(parents), dtype=bool)
+    for i in range(1, len(parents)):
+        mask[i, :i] = mask[parents[i], :i]
+    return mask
+
+def tree_depths(parents: Sequence[int]) -> list[int]:
+    "Depth of each node of a tree (root 0, a child one more than its parent): its position after the root."
+    _check_parents(parents)
+    return _depths(parents)
+
+def ancestor_mask(parents: Sequence[int]) -> Tensor:
+    "Bool [n, n]: mask[i, j] iff node j is node i or one of its ancestors (what node i attends to within the tree)."
+    _check_parents(parents)
+    return torch.from_numpy(_ancestors(parents))
 
 # %% ../nbs/03_sampling.ipynb #d3b00001
 @runtime_checkable

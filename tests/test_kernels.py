@@ -163,6 +163,62 @@ def test_bad_inputs_name_the_argument():
         K.random_sample(fresh(x), cu, d, None, x["target_probs"], x["bonus"], d, x["uniform"], threshold_acc=0.5)
 
 
+
+# ---------------------------------------------------------------- tree attention masks
+
+def random_tree(g, n, shape):
+    "A random parent array of n nodes: 'bushy' (uniform parents), 'deep' (mostly the previous node), 'star', 'chain'."
+    pick = {"bushy": lambda i: int(torch.randint(0, i, (1,), generator=g)), "star": lambda i: 0,
+            "chain": lambda i: i - 1,
+            "deep": lambda i: i - 1 if torch.rand(1, generator=g) < 0.8 else int(torch.randint(0, i, (1,), generator=g))}
+    return [-1] + [pick[shape](i) for i in range(1, n)]
+
+
+def padded_reference(trees):
+    "Chapter 3's ancestor_mask per tree, padded with False to [B, T, T]."
+    T = max((len(t) for t in trees), default=0)
+    want = torch.zeros(len(trees), T, T, dtype=torch.bool)
+    for b, t in enumerate(trees):
+        want[b, :len(t), :len(t)] = ref.ancestor_mask(t)
+    return want
+
+
+@pytest.mark.parametrize("shape", ["bushy", "deep", "star", "chain", "mixed"])
+def test_ancestor_mask_parity_random_trees(shape):
+    "Random ragged batches of trees (1 to 40 nodes, up to 7 requests) equal the padded torch reference exactly."
+    g = torch.Generator().manual_seed(len(shape))
+    shapes = ["bushy", "deep", "star", "chain"]
+    for trial in range(8):
+        B = int(torch.randint(1, 8, (1,), generator=g))
+        trees = [random_tree(g, int(torch.randint(1, 41, (1,), generator=g)),
+                             shapes[int(torch.randint(0, 4, (1,), generator=g))] if shape == "mixed" else shape)
+                 for _ in range(B)]
+        got = K.ancestor_mask_triton(trees)
+        assert got.dtype == torch.bool
+        assert torch.equal(got, padded_reference(trees)), trees
+
+
+def test_ancestor_mask_edge_batches():
+    "A single node, a lone chain (the causal triangle), a tree wider than one 16-column tile, an empty batch."
+    assert torch.equal(K.ancestor_mask_triton([[-1]]), torch.ones(1, 1, 1, dtype=torch.bool))
+    assert torch.equal(K.ancestor_mask_triton([list(range(-1, 9))])[0], torch.ones(10, 10, dtype=torch.bool).tril())
+    deep = list(range(-1, 69))                                     # depth 69: 70 walk steps, 128 columns
+    trees = [deep, [-1, 0, 0], [-1]]
+    assert torch.equal(K.ancestor_mask_triton(trees), padded_reference(trees))
+    assert K.ancestor_mask_triton([]).shape == (0, 0, 0)
+
+
+def test_ancestor_mask_bad_parents_name_the_request():
+    with pytest.raises(ValueError, match=r"parents_list\[1\]\[2\] must be an int in \[0, 2\)"):
+        K.ancestor_mask_triton([[-1, 0], [-1, 0, 2]])
+    with pytest.raises(ValueError, match=r"parents_list\[0\] must be a non-empty list"):
+        K.ancestor_mask_triton([[]])
+    with pytest.raises(ValueError, match=r"parents_list\[0\]\[1\]"):
+        K.ancestor_mask_triton([[-1, True]])
+    with pytest.raises(TypeError, match="parents_list must be a list"):
+        K.ancestor_mask_triton("-1 0")
+
+
 # ---------------------------------------------------------------- sm_90 compilation (no GPU, no interpreter)
 
 COMPILE_SCRIPT = r"""
@@ -195,7 +251,7 @@ def sm90(tmp_path_factory):
     return json.loads((d / "out.json").read_text())
 
 
-@pytest.mark.parametrize("op", ALL_OPS)
+@pytest.mark.parametrize("op", ALL_OPS + ["ancestor_mask_triton"])
 def test_compiles_for_sm90(sm90, op):
     "Each launchable variant compiles to an sm_90 cubin, with no approximate division or fused FMA in its PTX."
     assert len(sm90[op]) == len(K.KERNELS[op][1])
