@@ -90,7 +90,7 @@ def test_notebooks_found():
 # a group's notebooks go to one xdist worker (xdist_group), so the group runs once.
 NOTEBOOK_GROUPS = (
     ("nbs/07b_train.ipynb", "nbs/04_kernels.ipynb", "nbs/90_cli.ipynb"),
-    ("nbs/03_sampling.ipynb", "nbs/09_acceptance.ipynb", "nbs/01_proof.ipynb"),
+    ("nbs/03_sampling.ipynb", "nbs/09_acceptance.ipynb", "nbs/01_proof.ipynb", "nbs/14_trees.ipynb"),
     ("nbs/10_grading.ipynb", "nbs/07_model.ipynb", "nbs/index.ipynb", "nbs/12_eagle.ipynb"),
     ("nbs/11_serve.ipynb", "nbs/95_testing.ipynb", "nbs/06_kv.ipynb", "nbs/06b_kvlab.ipynb", "nbs/02_roofline.ipynb",
      "nbs/09d_remote.ipynb", "nbs/05_metadata.ipynb", "nbs/13_audit.ipynb", "nbs/09b_vllm_io.ipynb"),
