@@ -29,6 +29,7 @@ from torch import nn
 from .kv import FREED, PagedKV
 from .roofline import ModelSpec
 from .sampling import _is_int, sampling_probs  # _is_int: an int that is not a bool, one home (Chapter 3)
+from .sampling import _ancestors, _check_parents, _depths  # token trees: Chapter 3's ancestor mask
 
 # %% ../nbs/07_model.ipynb #c648e1b4
 ROPE_TYPES = ("default", "llama3")
@@ -324,7 +325,7 @@ def forward(model: Llama, tokens: torch.Tensor, cache: KVCache,
 class PagedBatch:
     "One forward's ragged requests in a paged cache: built once per step, read by every layer."
     token_ids: torch.Tensor           # [N] int64, request after request
-    positions: torch.Tensor           # [N] int64
+    positions: torch.Tensor           # [N] int64 (a tree node's: its request's start + the node's depth)
     slot_mapping: torch.Tensor        # [N] int64, where each token's K/V is written
     query_lens: list[int]             # [B] tokens each request feeds (>= 1)
     last_token_indices: torch.Tensor  # [B] flat row of each request's last token
@@ -334,7 +335,7 @@ class PagedBatch:
     key_start: int | None             # one request on the CPU whose keys fill consecutive slots: the first (a view)
     block_size: int                   # positions per block, checked against the cache
     max_block: int                    # the largest block id the step reads or writes, checked against the cache
-    max_position: int                 # the largest position fed, checked against the model's context
+    max_position: int                 # the largest (rotary) position fed, checked against the model's context
     max_token_id: int                 # the largest token id fed, checked against the vocabulary
 
     @property
@@ -365,6 +366,35 @@ def _check_paged_batch(blocks, starts, block_tables, block_size, sliding_window)
         if len(table) * block_size < end:
             raise ValueError(f"block_tables[{b}] holds {len(table)} block(s) ({len(table) * block_size} positions) "
                              f"but request {b} feeds up to position {end - 1}")
+
+def _check_tree_parents(tree_parents, blocks):
+    "tree_parents is None or one entry per request: None (a chain) or a parent array of the request's length."
+    if isinstance(tree_parents, (str, bytes, torch.Tensor)) or not isinstance(tree_parents, (list, tuple)):
+        raise TypeError(f"tree_parents must be None or a list with one entry per request, "
+                        f"got {type(tree_parents).__name__}")
+    if len(tree_parents) != len(blocks):
+        raise ValueError(f"tree_parents must have one entry per request ({len(blocks)}), got {len(tree_parents)}")
+    for b, parents in enumerate(tree_parents):
+        if parents is None:
+            continue
+        _check_parents(parents, f"tree_parents[{b}]")
+        if len(parents) != len(blocks[b]):
+            raise ValueError(f"tree_parents[{b}] must hold one parent per token of blocks[{b}] ({len(blocks[b])}), "
+                             f"got {len(parents)}")
+
+def _tree_rows(parents, depths, start, first_key, L, T, sliding_window):
+    """Request b's [T, L] mask when it feeds a tree: every node sees the context before `start` (its window's part)
+    and, among the fed keys, its ancestors and itself; padding rows repeat the last node's row."""
+    n, c = len(parents), start - first_key                        # c: context keys in the row
+    rows = torch.zeros(n, L, dtype=torch.bool)
+    rows[:, :c] = True
+    rows[:, c:c + n] = torch.from_numpy(_ancestors(parents))
+    if sliding_window is not None:                                 # compare true positions: a node's is start + depth
+        depth = torch.tensor(depths)
+        key_pos = first_key + torch.arange(L)
+        key_pos[c:c + n] = start + depth
+        rows &= key_pos[None] > (start + depth)[:, None] - sliding_window
+    return rows[torch.clamp(torch.arange(T), max=n - 1)]
 
 def long_tensor(lists: list) -> torch.Tensor:
     "`torch.tensor(lists)` for (nested) lists of Python ints, through numpy: several times faster on long lists."
@@ -421,15 +451,24 @@ def _group(n, query_lens, first_rows, ends, first_keys, key_slots, mask, device)
 
 def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[list[int]], block_size: int,
                 device: str | torch.device = "cpu", sliding_window: int | None = None,
-                slot_mapping: list[int] | None = None, check: bool = True) -> PagedBatch:
+                slot_mapping: list[int] | None = None, check: bool = True,
+                tree_parents: list[list[int] | None] | None = None) -> PagedBatch:
     """Index tensors of one paged forward: request b feeds blocks[b] at positions starts[b], starts[b] + 1, ...
 
     `slot_mapping`: each fed token's slot, request after request, when the caller has them (the block manager's
     `allocate_slots` computes them); else computed here from the block tables. `check=False` is the engine's path:
     its block manager keeps the tables right (Chapter 6's fuzzer), so the per-request walks that name a wrong argument,
-    a freed block or a shared slot are skipped."""
+    a freed block or a shared slot are skipped.
+
+    `tree_parents`: None (every request a chain), or per request None or the parent array of the token tree it feeds
+    (Chapter 3): token i is stored at position index starts[b] + i as always, but rotated as position starts[b] +
+    depth(i), and it attends to the context before starts[b] and to its ancestors in the block only."""
     if check:
         _check_paged_batch(blocks, starts, block_tables, block_size, sliding_window)
+        if tree_parents is not None:
+            _check_tree_parents(tree_parents, blocks)
+    trees = {} if tree_parents is None else {b: p for b, p in enumerate(tree_parents) if p is not None and len(p) > 1}
+    depths = {b: _depths(p) for b, p in trees.items()}                # a lone root is a chain of one
     width = max(len(t) for t in block_tables)
     table = _ids([list(t) + [FREED] * (width - len(t)) for t in block_tables], FREED)     # [B, width]
     if table is None:
@@ -447,6 +486,10 @@ def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[l
     # per token, on the host: its id, its position and its slot, then one tensor for the three
     flat = list(itertools.chain.from_iterable(blocks))
     positions = list(itertools.chain.from_iterable(range(s, e) for s, e in zip(starts, ends)))
+    if trees:                                                          # a tree node's position: start + its depth
+        positions = list(itertools.chain.from_iterable(
+            [starts[b] + d for d in depths[b]] if b in trees else range(s, e)
+            for b, (s, e) in enumerate(zip(starts, ends))))
     slots = slot_mapping
     if slots is None:
         slots = [t[p // block_size] * block_size + p % block_size
@@ -476,6 +519,8 @@ def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[l
         if sliding_window is not None:
             mask &= key_pos[:, None] > query_pos[:, :, None] - sliding_window
         mask = mask[:, None]
+        for b, parents in trees.items():                              # a tree exists only when T > 1: mask is set
+            mask[b, 0] = _tree_rows(parents, depths[b], starts[b], first_keys[b], L, T, sliding_window)
     if any(n != T for n in query_lens):                                # ragged: one attention per query length
         groups = [_group(n, query_lens, first_rows, ends, first_keys, key_slots, mask, device)
                   for n in sorted(set(query_lens))]
@@ -488,7 +533,8 @@ def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[l
         token_ids=rows[0], positions=rows[1], slot_mapping=rows[2], query_lens=query_lens,
         last_token_indices=per_request[4], key_slots=key_slots.to(device),
         attn_mask=None if mask is None else mask.to(device), groups=groups, block_size=block_size,
-        max_block=max_block, max_position=max(ends) - 1, max_token_id=max(flat), key_start=key_start)
+        max_block=max_block, max_position=max(positions) if trees else max(ends) - 1, max_token_id=max(flat),
+        key_start=key_start)
 
 # %% ../nbs/07_model.ipynb #7a9e0c08
 def paged_cache(args: LlamaArgs, num_blocks: int, block_size: int, dtype: torch.dtype = torch.float32,

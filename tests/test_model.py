@@ -1,15 +1,18 @@
 """speclab.model: parity with transformers.LlamaForCausalLM over many tiny configs, batching, sharded loading, errors;
 the fused projections and their Hugging Face names; the paged forward against the contiguous one and a windowed
-reference (block sizes, head layouts, freed blocks, slot writes, bad input)."""
+reference (block sizes, head layouts, freed blocks, slot writes, bad input); token trees in the paged forward (every
+node against a chain over its root path, chains as trees, tree_parents errors)."""
 import json
+from dataclasses import fields
 
 import pytest
 import torch
 
 from speclab.kv import FREED
-from speclab.model import (KVCache, Llama, LlamaArgs, forward, forward_paged, hf_state_dict, load_model,
+from speclab.model import (KVCache, Llama, LlamaArgs, PagedBatch, forward, forward_paged, hf_state_dict, load_model,
                            load_state_dict, pack_state_dict, paged_batch, paged_cache)
 from speclab.roofline import ModelSpec
+from speclab.sampling import tree_depths
 from speclab.testing import (cached_walk, paged_walk, parity_error, ragged_feeds, reference_logits,
                              tiny_hf_checkpoint)
 
@@ -255,6 +258,120 @@ def test_unchecked_paged_step_is_the_checked_one(window, monkeypatch):
     assert torch.equal(forward_paged(model, pool, trusted, trusted.last_token_indices, check=False), logits)
 
 
+
+# --- token trees in the paged forward (issue 42) ------------------------------------------------------------------
+
+def _random_tree(g, n):
+    "A parent array of n nodes: each parent the previous node or a uniform earlier one, so trees are deep and bushy."
+    return [-1] + [i - 1 if torch.rand(1, generator=g) < 0.5 else int(torch.randint(0, i, (1,), generator=g))
+                   for i in range(1, n)]
+
+
+def _root_path(parents, i):
+    path = []
+    while i >= 0:
+        path.append(i)
+        i = parents[i]
+    return path[::-1]
+
+
+def _chain_reference(model, context, tokens, block_size, window):
+    "Logits of the last token and K/V at its slot (per layer) of a plain chain: context, then tokens, fresh cache."
+    n_blocks = (len(context) + len(tokens)) // block_size + 1
+    pool = paged_cache(model.args, n_blocks, block_size)
+    table = list(range(n_blocks))[::-1]
+    forward_paged(model, pool, paged_batch([context], [0], [table], block_size, sliding_window=window))
+    step = paged_batch([tokens], [len(context)], [table], block_size, sliding_window=window)
+    logits = forward_paged(model, pool, step)[-1]
+    slot = int(step.slot_mapping[-1])
+    return logits, [(kv.k.flatten(0, 1)[slot], kv.v.flatten(0, 1)[slot]) for kv in pool]
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])
+@pytest.mark.parametrize("block_size", [1, 3, 4])
+@pytest.mark.parametrize("window", [None, 4])
+def test_paged_tree_step_matches_root_path_chains(kv_heads, block_size, window):
+    """One step mixing chains and trees (random deep and bushy trees, a star, a chain given as parents, a lone root):
+    every node's logits and the K/V in its slot equal a plain chain forward of its root path from the same context,
+    float32; with a sliding window, the chain runs with the same window."""
+    model = _random_llama(kv_heads, False, seed=kv_heads + block_size).float()
+    g = torch.Generator().manual_seed(7 * block_size + kv_heads)
+    trees = [None, _random_tree(g, 12), [-1, 0, 0, 0, 0], [-1], list(range(-1, 5)), _random_tree(g, 9), None]
+    depths = [tree_depths(t) for t in trees if t]
+    assert max(max(d) for d in depths) >= 3
+    assert any(len(set(p)) < len(p) - 1 for p in trees if p and len(p) > 2)          # some node has two children
+    sizes = [len(t) if t else n for t, n in zip(trees, (4, 0, 0, 0, 0, 0, 1))]
+    contexts = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (6, 13, 2, 9, 4, 7, 5)]
+    feeds = [torch.randint(0, 64, (n,), generator=g).tolist() for n in sizes]
+    need = [-(-(len(c) + n) // block_size) for c, n in zip(contexts, sizes)]
+    pool_ids = torch.randperm(sum(need), generator=g).tolist()
+    tables = [pool_ids[sum(need[:b]):sum(need[:b + 1])] for b in range(len(need))]
+    cache = paged_cache(model.args, sum(need), block_size)
+    forward_paged(model, cache, paged_batch(contexts, [0] * len(contexts), tables, block_size, sliding_window=window))
+    step = paged_batch(feeds, [len(c) for c in contexts], tables, block_size, sliding_window=window,
+                       tree_parents=trees)
+    logits = forward_paged(model, cache, step)
+    assert step.max_position == max(len(c) + (max(tree_depths(t)) if t else len(f) - 1)
+                                    for c, f, t in zip(contexts, feeds, trees))
+    row = 0
+    for context, feed, parents in zip(contexts, feeds, trees):
+        parents = parents or list(range(-1, len(feed) - 1))
+        for i in range(len(feed)):
+            want, kv_want = _chain_reference(model, context, [feed[j] for j in _root_path(parents, i)], block_size,
+                                             window)
+            torch.testing.assert_close(logits[row], want, rtol=1e-5, atol=1e-5)
+            slot = int(step.slot_mapping[row])
+            for kv, (k, v) in zip(cache, kv_want):
+                torch.testing.assert_close(kv.k.flatten(0, 1)[slot], k, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(kv.v.flatten(0, 1)[slot], v, rtol=1e-5, atol=1e-5)
+            row += 1
+
+
+def _same_batch(x, y):
+    for f in fields(PagedBatch):
+        u, v = getattr(x, f.name), getattr(y, f.name)
+        if f.name == "groups":
+            assert len(u) == len(v)
+            for gu, gv in zip(u, v):
+                assert all((s is None and t is None) or torch.equal(s, t) for s, t in zip(gu, gv))
+        elif isinstance(u, torch.Tensor):
+            assert torch.equal(u, v), f.name
+        else:
+            assert u == v, f.name
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_chains_as_trees_build_todays_batch(window):
+    "tree_parents None, all None, or chains written as parent arrays (and lone roots): the very batch of today."
+    blocks, starts = [[1, 2, 3], [4], [5, 6, 7, 8, 9], [10, 11]], [7, 2, 0, 3]
+    tables = [[6, 2, 0], [1], [5, 4], [3, 7]]
+    plain = paged_batch(blocks, starts, tables, 4, sliding_window=window)
+    for parents in ([None] * 4, [[-1, 0, 1], [-1], None, [-1, 0]], [None, None, list(range(-1, 4)), None]):
+        _same_batch(paged_batch(blocks, starts, tables, 4, sliding_window=window, tree_parents=parents), plain)
+    tree = paged_batch(blocks, starts, tables, 4, sliding_window=window, tree_parents=[None, None, [-1, 0, 0, 1, 2],
+                                                                                          None])
+    trusted = paged_batch(blocks, starts, tables, 4, sliding_window=window, check=False,
+                          tree_parents=[None, None, [-1, 0, 0, 1, 2], None])
+    _same_batch(trusted, tree)
+    assert tree.positions.tolist() == plain.positions.tolist()[:4] + [0, 1, 1, 2, 2] + [3, 4]
+    assert torch.equal(tree.slot_mapping, plain.slot_mapping)
+    assert not torch.equal(tree.attn_mask, plain.attn_mask)
+
+
+def test_lone_tree_reads_consecutive_keys_in_place():
+    "One tree request whose blocks are consecutive takes the key_start path, and its nodes still see their paths."
+    model = _random_llama(2, False, seed=3).float()
+    context, feed, parents = [5, 9, 2, 7, 1, 8], [3, 4, 5, 6, 7, 8, 9], [-1, 0, 0, 1, 2, 2, 4]
+    cache = paged_cache(model.args, 8, 4)
+    forward_paged(model, cache, paged_batch([context], [0], [[2, 3, 4, 5]], 4))
+    step = paged_batch([feed], [6], [[2, 3, 4, 5]], 4, tree_parents=[parents])
+    assert step.key_start == 8
+    logits = forward_paged(model, cache, step)
+    for i in range(len(feed)):
+        want, _ = _chain_reference(model, context, [feed[j] for j in _root_path(parents, i)], 4, None)
+        torch.testing.assert_close(logits[i], want, rtol=1e-5, atol=1e-5)
+
+
 PAGED_ERRORS = [  # (what is called with the model and its cache, the error, what its message says)
     (lambda m, c: paged_batch([[1], []], [0, 0], [[0], [1]], 4), ValueError, r"blocks\[1\] is empty"),
     (lambda m, c: paged_batch([], [], [], 4), ValueError, "at least one request"),
@@ -279,6 +396,20 @@ PAGED_ERRORS = [  # (what is called with the model and its cache, the error, wha
     (lambda m, c: forward_paged(m, c, paged_batch([[1, 2]], [0], [[0]], 4), logits_indices=torch.tensor([-1])),
      ValueError, "logits_indices"),
     (lambda m, c: paged_cache(m.args, 0, 4), ValueError, "num_blocks"),
+    (lambda m, c: paged_batch([[1, 2]], [0], [[0]], 4, tree_parents=[[-1, 0]] * 2), ValueError,
+     "tree_parents must have one entry per request"),
+    (lambda m, c: paged_batch([[1], [2]], [0, 0], [[0], [1]], 4, tree_parents=(-1, 0)), ValueError,
+     r"tree_parents\[0\] must be a non-empty list"),
+    (lambda m, c: paged_batch([[1, 2]], [0], [[0]], 4, tree_parents="-1 0"), TypeError, "tree_parents must be None"),
+    (lambda m, c: paged_batch([[1, 2], [3]], [0, 0], [[0], [1]], 4, tree_parents=[None, [-1, 0]]), ValueError,
+     r"tree_parents\[1\] must hold one parent per token of blocks\[1\] \(1\)"),
+    (lambda m, c: paged_batch([[1, 2, 3]], [0], [[0]], 4, tree_parents=[[-1, 0, 2]]), ValueError,
+     r"tree_parents\[0\]\[2\] must be an int in \[0, 2\)"),
+    (lambda m, c: paged_batch([[1, 2]], [0], [[0]], 4, tree_parents=[[0, 0]]), ValueError,
+     r"tree_parents\[0\] must be a non-empty list"),
+    (lambda m, c: forward_paged(m, c, paged_batch([[1, 2, 3, 4, 5]], [14], [[0, 1, 2, 3, 4]], 4,
+                                                  tree_parents=[[-1, 0, 0, 1, 1]])), ValueError,
+     "feeds position 16"),
 ]
 
 
