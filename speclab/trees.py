@@ -6,7 +6,7 @@
 __all__ = ['SCHEMES', 'Rule', 'PLANTED', 'check_scheme', 'one_hot', 'trial_drafts', 'draw_children', 'recursive_rule',
            'node_emit', 'children_law', 'emit_law', 'node_law', 'node_acceptance', 'unnormalized_rule', 'TokenTree',
            'check_widths', 'draft_tree', 'verify_tree', 'tree_stepper', 'tree_step_law', 'tree_law',
-           'expected_tokens_per_step', 'dynamic_tree', 'reach_probs']
+           'expected_tokens_per_step', 'dynamic_tree', 'reach_probs', 'commit_tree_path']
 
 # %% ../nbs/14_trees.ipynb #t14a0004
 import itertools
@@ -334,3 +334,18 @@ def reach_probs(tree: TokenTree, target_probs: Sequence[np.ndarray] | np.ndarray
     for i in range(1, len(tree)):
         reach[i] = reach[tree.parents[i]] * float(target_probs[tree.parents[i]][tree.tokens[i]])
     return reach
+
+# %% ../nbs/14_trees.ipynb #t14d0002
+from .kv import BlockManager, PagedKV
+from .kvlab import compact_tree_path, tree_path_moves
+
+def commit_tree_path(manager: BlockManager, caches: Sequence[Sequence[PagedKV]], req_id: object, tree: TokenTree,
+                     path: Sequence[int], emitted: Sequence[int]) -> int:
+    """After a verified tree step: move the accepted nodes' K/V (tree nodes `path`, root excluded) to the chain's slots
+    in every layer of every cache, then commit `emitted`; the other nodes roll back. Returns the bytes moved."""
+    if len(emitted) != len(path) + 1:
+        raise ValueError(f"emitted must hold the {len(path)} accepted tokens plus one, got {len(emitted)}")
+    src, dst = tree_path_moves(manager, req_id, [node - 1 for node in path])   # drafted node i: lookahead slot i - 1
+    moved = sum(compact_tree_path(kv, src, dst) for cache in caches for kv in cache) if src else 0
+    manager.commit(req_id, len(tree) - 1, len(path), list(emitted))
+    return moved
