@@ -10,8 +10,9 @@ __all__ = ['SAMPLING_EPS', 'REPETITION_MIN', 'REPETITION_MAX', 'TOP_K_ALL', 'WAI
            'keep_drafting', 'ModelDrafter', 'kappa_for_batch', 'check_schedule', 'StepCosts', 'live_alpha', 'CostFit',
            'KappaPolicy', 'check_engine_args', 'EngineConfig', 'block_bytes', 'kv_bytes', 'StepPlan', 'StepTime',
            'Proposal', 'no_token_error', 'Scheduler', 'cycle_collector_paused', 'check_pair', 'check_batch',
-           'SchedulerStats', 'SpecDecoder', 'check_first_row', 'InputProcessor', 'ModelRunner', 'prompt_logprobs',
-           'emitted_logprobs', 'calibration_prompts', 'fit_step_costs', 'measure_step_costs']
+           'SchedulerStats', 'SpecDecoder', 'check_first_row', 'InputProcessor', 'fed_parents', 'tree_node_probs',
+           'root_paths', 'walk_tree', 'ModelRunner', 'prompt_logprobs', 'emitted_logprobs', 'calibration_prompts',
+           'fit_step_costs', 'measure_step_costs']
 
 # %% ../nbs/08_engine.ipynb #fba7d837
 import copy
@@ -29,12 +30,14 @@ import numpy as np
 import torch
 
 from .kv import BlockManager, Request
+from .kvlab import compact_tree_path
 from .metadata import SpecDecodeMetadata
-from .model import Detokenizer, KVCache, Llama, forward, forward_paged, long_tensor, paged_batch, paged_cache
+from .model import (Detokenizer, KVCache, Llama, PagedBatch, forward, forward_paged, long_tensor, paged_batch,
+                           paged_cache)
 from .roofline import SpecMetrics
 from .sampling import (NO_VALID_TOKEN_ID, PLACEHOLDER_TOKEN_ID, ProcessorRows, SamplingMetadata, draw_tokens,
                               neutralize, no_valid_rows, process_logits, rejection_sampler, sampling_probs,
-                              token_counts)
+                              token_counts, tree_children, tree_depths, tree_verify)
 
 # %% ../nbs/08_engine.ipynb #65a3e0e5
 SAMPLING_EPS = 1e-5                           # vLLM's: a temperature below it is greedy (no division by ~0)
@@ -763,6 +766,8 @@ class Proposal(NamedTuple):
     drafts: list
     draft_probs: torch.Tensor | None = None
     num_draft_computed: list | None = None   # None: the drafter keeps no K/V (n-gram lookup)
+    parents: list | None = None              # per request, a tree's parents over [root] + drafts (Chapter 14);
+                                             # None: every request's drafts are a chain
 
 def no_token_error(r: RequestState) -> str:
     "Why r ended at an empty row: the fields that emptied it and where (a ValueError: the request's own fields)."
@@ -1264,6 +1269,56 @@ class InputProcessor:
         return RequestState(req_id, ids, len(ids), params, stop_ids, target_gen, draft_gen, detokenizer,
                             on_tokens=on_tokens, arrival_time=arrival)
 
+# %% ../nbs/08_engine.ipynb #tree0801
+def fed_parents(num_context: int, parents: Sequence[int]) -> list[int]:
+    """A request's `tree_parents` over its fed block: its `num_context` context tokens as a chain, then a tree whose
+    parents (over [root] + drafts, root = -1) hang it under the last context token (Chapter 7's ancestor mask)."""
+    return list(range(-1, num_context - 1)) + [num_context - 1 + par for par in parents[1:]]
+
+def tree_node_probs(logits: torch.Tensor, batch: list[RequestState], parents: list[list[int]],
+                    drafts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row (each request's root, then its nodes): the request's target law, its processors seeing the drafted
+    path to that node as history (rows of one depth together); and whether the processors left the row empty."""
+    req = [b for b, par in enumerate(parents) for _ in par]
+    procs = batch_processors(batch, logits.shape[1], logits.device)
+    empty = torch.zeros(len(req), dtype=torch.bool, device=logits.device)
+    if procs is not None:
+        tokens = [[-1] + d for d in drafts]
+        paths = [path for par, toks in zip(parents, tokens) for path in root_paths(par, toks)]
+        processed = torch.empty_like(logits)
+        for depth in sorted({len(path) for path in paths}):
+            idx = [k for k, path in enumerate(paths) if len(path) == depth]
+            history = long_tensor([paths[k] for k in idx]).view(len(idx), depth)
+            rows = grow_history(take_rows(procs, long_tensor([req[k] for k in idx])), history)
+            processed[idx] = process_logits(logits[idx], rows)
+        empty = no_valid_rows(processed)
+        logits = neutralize(processed, empty)
+    return request_probs(logits, [batch[b].params for b in req]), empty.cpu()
+
+def root_paths(parents: Sequence[int], tokens: Sequence[int]) -> list[list[int]]:
+    "Per node, the tokens from the root's first child down to it (the root's: empty)."
+    paths = [[]]
+    for par, token in zip(parents[1:], tokens[1:]):
+        paths.append(paths[par] + [token])
+    return paths
+
+def walk_tree(tokens: list[int], parents: list[int], probs: torch.Tensor, empty: torch.Tensor,
+              gen: torch.Generator, greedy: bool) -> tuple[list[int], list[int]]:
+    """One request's tree walk (Chapter 3's `tree_verify`, target-only: exact for top-k children): the accepted
+    nodes and the emitted tokens. A greedy request draws no coin; a row the processors emptied ends it there."""
+    n = len(tokens)
+    coins = [0.5] * (n + 1) if greedy else torch.rand(n + 1, generator=gen, dtype=torch.float64).tolist()
+    emitted = tree_verify(tokens, parents, probs, coins[:n], coins[n])
+    kids, node, path = tree_children(parents), 0, []
+    for token in emitted[:-1]:                   # every token but the last is an accepted node's
+        node = next(c for c in kids[node] if tokens[c] == token)
+        path.append(node)
+    for j, node in enumerate([0] + path):         # the row that emitted token j
+        if empty[node]:
+            return path[:j], emitted[:j] + [NO_VALID_TOKEN_ID]
+    return path, emitted
+
+
 # %% ../nbs/08_engine.ipynb #a1b2c3d8
 class ModelRunner:
     """Owns the paged K/V of the target and of a drafter (the same blocks) and the sampler; turns a step plan into
@@ -1291,7 +1346,8 @@ class ModelRunner:
             return self._catch_up(plan, none)
         proposal = Proposal(*drafter.propose(plan))
         greedy = all(r.params.greedy for r in plan.requests)
-        if proposal.draft_probs is None and drafter.uses_probs and any(proposal.drafts) and not greedy:
+        trees = proposal.parents is not None                  # a tree's target-only rule never reads q
+        if proposal.draft_probs is None and drafter.uses_probs and any(proposal.drafts) and not greedy and not trees:
             raise RuntimeError("drafter returned drafts without their q rows")
         return proposal
 
@@ -1312,10 +1368,14 @@ class ModelRunner:
         starts = plan.first_positions()
         blocks = [r.token_ids[start:] + d for r, start, d in zip(batch, starts, drafts)]
         slots = [slot for s, b in zip(plan.steps, blocks) for slot in s.slot_mapping[:len(b)]]   # drafted slots
+        trees = None if proposal.parents is None else [fed_parents(len(b) - len(d), par) if d else None
+                                                        for b, d, par in zip(blocks, drafts, proposal.parents)]
         pb = paged_batch(blocks, starts, [r.block_table for r in batch], self.config.block_size, self.device,
-                         self.config.sliding_window, slots, check=False)   # tables and slots: the plan's
+                         self.config.sliding_window, slots, check=False, tree_parents=trees)   # the plan's slots
         params = [r.params for r in batch]
         num_tokens = sum(len(b) for b in blocks)
+        if trees is not None and any(drafts):
+            return self._verify_trees(plan, proposal, pb, blocks) + (num_tokens,)
         if not any(drafts):                  # no drafts (plain decoding, or kappa 0 for all): no rejection step
             run_target = getattr(self.drafter, "forward_target", partial(forward_paged, check=False))  # EAGLE: features
             logits = run_target(self.target, self.cache, pb, pb.last_token_indices)
@@ -1339,6 +1399,38 @@ class ModelRunner:
             per = emitted_logprobs(logits, num_draft_tokens, emitted, max(p.logprobs or 0 for p in params))
             logprobs = [[(lp, top[:p.logprobs or 0]) for lp, top in lps] for p, lps in zip(params, per)]
         return out, logprobs, num_tokens
+
+    def _verify_trees(self, plan: StepPlan, proposal: Proposal, pb: PagedBatch, blocks: list) -> tuple:
+        """Stages 3-5 for token trees: one forward scores every node; each request walks its tree with Chapter 3's
+        target-only rule; the accepted nodes' K/V move to the chain's slots before the scheduler commits them."""
+        batch, drafts = plan.requests, proposal.drafts
+        parents = [par if d else [-1] for d, par in zip(drafts, proposal.parents)]
+        md = SpecDecodeMetadata.from_drafts(drafts, long_tensor([len(b) for b in blocks]).cumsum(0),
+                                            device=self.device, check=False)   # rows: each root, then its nodes
+        logits = forward_paged(self.target, self.cache, pb, md.logits_indices, check=False)
+        probs, empty = tree_node_probs(logits, batch, parents, drafts)
+        first = np.cumsum([0] + [len(par) for par in parents])
+        walks = [walk_tree([-1] + d, par, probs[a:z], empty[a:z], r.target_gen, r.params.greedy)
+                 for r, d, par, a, z in zip(batch, drafts, parents, first[:-1], first[1:])]
+        src, dst = [], []
+        for s, b, d, (path, _) in zip(plan.steps, blocks, drafts, walks):
+            root = len(b) - len(d) - 1                         # the root's index in the fed block
+            moves = [(s.slot_mapping[root + node], s.slot_mapping[root + j + 1]) for j, node in enumerate(path)]
+            src += [a for a, z in moves if a != z]
+            dst += [z for a, z in moves if a != z]
+        for kv in self.cache if src else ():
+            compact_tree_path(kv, src, dst)
+        out = torch.full((len(batch), max(len(e) for _, e in walks)), PLACEHOLDER_TOKEN_ID, dtype=torch.int64)
+        for b, (_, emitted) in enumerate(walks):
+            out[b, :len(emitted)] = torch.tensor(emitted)
+        logprobs = None
+        if any(r.params.logprobs is not None for r in batch):  # the walked rows, laid out as a chain
+            rows = long_tensor([int(a) + node for a, (path, _) in zip(first, walks) for node in [0] + path])
+            emitted = out.masked_fill(out == NO_VALID_TOKEN_ID, PLACEHOLDER_TOKEN_ID)
+            top = max(r.params.logprobs or 0 for r in batch)
+            per = emitted_logprobs(logits[rows.to(logits.device)], [len(path) for path, _ in walks], emitted, top)
+            logprobs = [[(lp, alts[:r.params.logprobs or 0]) for lp, alts in lps] for r, lps in zip(batch, per)]
+        return out, logprobs
 
 @torch.no_grad()
 def prompt_logprobs(model: Llama, ids: list[int], num_top: int) -> list:

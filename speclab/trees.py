@@ -6,7 +6,7 @@
 __all__ = ['SCHEMES', 'Rule', 'PLANTED', 'check_scheme', 'one_hot', 'trial_drafts', 'draw_children', 'recursive_rule',
            'node_emit', 'children_law', 'emit_law', 'node_law', 'node_acceptance', 'unnormalized_rule', 'TokenTree',
            'check_widths', 'draft_tree', 'verify_tree', 'tree_stepper', 'tree_step_law', 'tree_law',
-           'expected_tokens_per_step', 'dynamic_tree', 'reach_probs', 'commit_tree_path']
+           'expected_tokens_per_step', 'dynamic_tree', 'reach_probs', 'commit_tree_path', 'TreeDrafter', 'Growth']
 
 # %% ../nbs/14_trees.ipynb #t14a0004
 import itertools
@@ -349,3 +349,91 @@ def commit_tree_path(manager: BlockManager, caches: Sequence[Sequence[PagedKV]],
     moved = sum(compact_tree_path(kv, src, dst) for cache in caches for kv in cache) if src else 0
     manager.commit(req_id, len(tree) - 1, len(path), list(emitted))
     return moved
+
+# %% ../nbs/14_trees.ipynb #t14e0002
+import torch
+from .engine import ModelDrafter, Proposal, StepPlan, fed_parents
+from .model import Llama, forward_paged, long_tensor, paged_batch
+
+class TreeDrafter(ModelDrafter):
+    """EAGLE-2 trees from a draft model: each level expands the `topk` nodes of highest cumulative draft probability
+    with their `topk` likeliest children (at most `depth` levels); the step verifies the best kappa nodes."""
+    def __init__(self, model: Llama, topk: int = 2, depth: int = 4, tokenizer: object | None = None):
+        super().__init__(model, greedy=True, tokenizer=tokenizer)
+        self.topk = as_count(topk, "topk")
+        self.depth = as_count(depth, "depth")
+
+    def levels(self, budget: int) -> int:
+        "Levels a request with `budget` nodes grows: the nodes it expands (topk per level) must fit its slots."
+        return min(self.depth, budget // self.topk + 1) if budget else 0
+
+    def propose(self, plan: StepPlan) -> Proposal:
+        "Per request: its tree's nodes (tokens, storage order) and parents over [root] + nodes; no q rows."
+        batch = plan.requests
+        logits = self._feed(batch, [r.num_draft_computed for r in batch],
+                            [r.token_ids[r.num_draft_computed:] for r in batch])      # the roots' rows
+        grow = [Growth(r.token_ids[-1]) for r in batch]
+        live = [b for b, k in enumerate(plan.kappas) if self.levels(k)]
+        rows = {b: [logits[b]] for b in live}
+        for level in range(max((self.levels(k) for k in plan.kappas), default=0)):
+            live = [b for b in live if level < self.levels(plan.kappas[b])]
+            for b in live:
+                grow[b].expand(rows[b], self.topk, last=level + 1 == self.levels(plan.kappas[b]))
+            live = [b for b in live if grow[b].frontier]
+            if live:
+                rows = self._score(plan, grow, live)
+        trees = [g.best(k) for g, k in zip(grow, plan.kappas)]
+        return Proposal([t[0] for t in trees], None, [len(r.token_ids) for r in batch], [t[1] for t in trees])
+
+    def _score(self, plan: StepPlan, grow: list, live: list[int]) -> dict:
+        "One draft forward over the live requests' expanded trees: the logits of each frontier node."
+        reqs = [plan.requests[b] for b in live]
+        blocks = [grow[b].fed_tokens() for b in live]
+        pb = paged_batch(blocks, [len(r.token_ids) - 1 for r in reqs], [r.block_table for r in reqs],
+                         self.block_size, self.device, self.sliding_window, check=False,
+                         tree_parents=[grow[b].fed_parents() for b in live])
+        first = np.cumsum([0] + [len(x) for x in blocks])
+        index = [int(f) + j for f, b in zip(first, live) for j in grow[b].frontier_rows()]
+        logits = forward_paged(self.model, self.cache, pb, long_tensor(index).to(self.device), check=False)
+        sizes = np.cumsum([0] + [len(grow[b].frontier) for b in live])
+        return {b: logits[a:z] for b, a, z in zip(live, sizes[:-1], sizes[1:])}
+
+# %% ../nbs/14_trees.ipynb #t14e0003
+class Growth:
+    "One request's tree while a TreeDrafter grows it: every candidate, the nodes fed so far, the frontier."
+    def __init__(self, root: int):
+        self.tokens, self.parents, self.scores = [int(root)], [-1], [1.0]
+        self.fed = [0]                      # candidates fed to the draft (their K/V in the lookahead), root first
+        self.frontier = [0]                 # candidates whose draft rows the next expand reads
+
+    def expand(self, rows: Sequence[torch.Tensor], topk: int, last: bool) -> None:
+        "Add each frontier node's topk likeliest children; the next frontier: this level's topk best (none if last)."
+        level = []
+        for node, row in zip(self.frontier, rows):
+            q = torch.softmax(row.float(), -1)
+            top = q.topk(topk)
+            for prob, token in zip(top.values.tolist(), top.indices.tolist()):
+                self.tokens.append(token)
+                self.parents.append(node)
+                self.scores.append(self.scores[node] * prob)
+                level.append(len(self.tokens) - 1)
+        self.frontier = [] if last else sorted(level, key=lambda i: (-self.scores[i], i))[:topk]
+        self.fed += self.frontier
+
+    def fed_tokens(self) -> list[int]:
+        return [self.tokens[i] for i in self.fed]
+
+    def fed_parents(self) -> list[int]:
+        "Parents of the fed nodes, as indices into the fed order (every fed node's parent was fed before it)."
+        where = {node: j for j, node in enumerate(self.fed)}
+        return [-1] + [where[self.parents[i]] for i in self.fed[1:]]
+
+    def frontier_rows(self) -> list[int]:
+        where = {node: j for j, node in enumerate(self.fed)}
+        return [where[i] for i in self.frontier]
+
+    def best(self, budget: int) -> tuple[list[int], list[int]]:
+        "The `budget` best candidates (ancestor-closed), in creation order: (tokens, parents over [root] + them)."
+        keep = sorted(sorted(range(1, len(self.tokens)), key=lambda i: (-self.scores[i], i))[:budget])
+        index = {old: new for new, old in enumerate([0] + keep)}
+        return [self.tokens[i] for i in keep], [-1] + [index[self.parents[i]] for i in keep]
