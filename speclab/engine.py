@@ -1407,7 +1407,8 @@ class ModelRunner:
         parents = [par if d else [-1] for d, par in zip(drafts, proposal.parents)]
         md = SpecDecodeMetadata.from_drafts(drafts, long_tensor([len(b) for b in blocks]).cumsum(0),
                                             device=self.device, check=False)   # rows: each root, then its nodes
-        logits = forward_paged(self.target, self.cache, pb, md.logits_indices, check=False)
+        run_target = getattr(self.drafter, "forward_target", partial(forward_paged, check=False))  # EAGLE: features
+        logits = run_target(self.target, self.cache, pb, md.logits_indices)
         probs, empty = tree_node_probs(logits, batch, parents, drafts)
         first = np.cumsum([0] + [len(par) for par in parents])
         walks = [walk_tree([-1] + d, par, probs[a:z], empty[a:z], r.target_gen, r.params.greedy)
@@ -1420,6 +1421,8 @@ class ModelRunner:
             dst += [z for a, z in moves if a != z]
         for kv in self.cache if src else ():
             compact_tree_path(kv, src, dst)
+        if src and hasattr(self.drafter, "move_slots"):     # a drafter that keeps per-slot state (EAGLE's features)
+            self.drafter.move_slots(src, dst)
         out = torch.full((len(batch), max(len(e) for _, e in walks)), PLACEHOLDER_TOKEN_ID, dtype=torch.int64)
         for b, (_, emitted) in enumerate(walks):
             out[b, :len(emitted)] = torch.tensor(emitted)
