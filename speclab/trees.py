@@ -6,7 +6,8 @@
 __all__ = ['SCHEMES', 'Rule', 'PLANTED', 'check_scheme', 'one_hot', 'trial_drafts', 'draw_children', 'recursive_rule',
            'node_emit', 'children_law', 'emit_law', 'node_law', 'node_acceptance', 'unnormalized_rule', 'TokenTree',
            'check_widths', 'draft_tree', 'verify_tree', 'tree_stepper', 'tree_step_law', 'tree_law',
-           'expected_tokens_per_step', 'dynamic_tree', 'reach_probs', 'commit_tree_path', 'TreeDrafter', 'Growth']
+           'expected_tokens_per_step', 'dynamic_tree', 'reach_probs', 'commit_tree_path', 'TreeDrafter', 'Growth',
+           'EagleTreeDrafter', 'eagle_tree_drafter']
 
 # %% ../nbs/14_trees.ipynb #t14a0004
 import itertools
@@ -437,3 +438,97 @@ class Growth:
         keep = sorted(sorted(range(1, len(self.tokens)), key=lambda i: (-self.scores[i], i))[:budget])
         index = {old: new for new, old in enumerate([0] + keep)}
         return [self.tokens[i] for i in keep], [-1] + [index[self.parents[i]] for i in keep]
+
+# %% ../nbs/14_trees.ipynb #t14g0002
+from .eagle import EagleDrafter, EagleHead, Eagle3Head, draft_dtype, eagle_path, is_eagle3, load_eagle3
+from .eagle import load_head, step_hidden, step_logits
+from .model import paged_attend, rope_cos_sin
+from pathlib import Path
+
+class EagleTreeDrafter(EagleDrafter):
+    """EAGLE-2 trees from an EAGLE head: the catch-up of EagleDrafter, then each level expands the `topk` nodes of
+    highest cumulative head probability with their `topk` likeliest children (at most `depth` levels). A node reads
+    its parent's head state as its feature; the step verifies the best kappa nodes by the target-only rule."""
+    levels = TreeDrafter.levels                      # the same node budget as the draft model's trees
+
+    def __init__(self, head: EagleHead | Eagle3Head, target: Llama, topk: int = 2, depth: int = 4,
+                 dtype: torch.dtype | None = None):
+        super().__init__(head, target, greedy=True, dtype=dtype)
+        self.topk = as_count(topk, "topk")
+        self.depth = as_count(depth, "depth")
+
+    def move_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
+        "After the verify: the accepted nodes' features move with their K/V to the chain's slots (gather, then scatter)."
+        if len(src) != len(dst):
+            raise ValueError(f"src and dst must hold one slot each per move, got {len(src)} and {len(dst)}")
+        dev = self.features.device
+        self.features[long_tensor(list(dst)).to(dev)] = self.features[long_tensor(list(src)).to(dev)]
+
+    def _catch_up(self, plan: StepPlan) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        "EagleDrafter's catch-up: (positions cached per request, the head state at each root, each root's feature)."
+        batch = plan.requests
+        ends = [min(len(r.token_ids), c + 1) for r, c in zip(batch, plan.first_positions())]   # the feature lag
+        starts = [min(r.num_draft_computed, e - 1) for r, e in zip(batch, ends)]
+        slots, blocks = [], []
+        for r, s, e in zip(batch, starts, ends):
+            slots += self._slots(r, self.feature_positions(r, s, e))
+            blocks.append(r.token_ids[s:e])
+        idx = torch.tensor(slots, device=self.features.device)
+        fused = self.draft_head.fc(self.features[idx.clamp(min=0)] * (idx >= 0)[:, None])
+        last = long_tensor([len(b) for b in blocks]).cumsum(0) - 1
+        return ends, self._run(batch, starts, blocks, fused), fused[last.to(fused.device)]
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return step_logits(self.draft_head, self.draft_target, hidden)
+
+    @torch.no_grad()
+    def propose(self, plan: StepPlan) -> Proposal | tuple:
+        "Per request: its tree's nodes (storage order), no q rows, head positions cached, parents over [root] + nodes."
+        batch, kappas = plan.requests, plan.kappas
+        ends, hidden, root_features = self._catch_up(plan)
+        budget = [k if e == len(r.token_ids) else 0 for r, k, e in zip(batch, kappas, ends)]   # a prompt still going
+        grow = [Growth(r.token_ids[-1]) for r in batch]
+        states = [{0: h} for h in hidden]              # per request: the head state of every node fed so far
+        live = [b for b, k in enumerate(budget) if self.levels(k)]
+        rows = dict(zip(live, self._logits(hidden[long_tensor(live).to(hidden.device)]).split(1))) if live else {}
+        for level in range(max((self.levels(k) for k in budget), default=0)):
+            live = [b for b in live if level < self.levels(budget[b])]
+            for b in live:
+                grow[b].expand(rows[b], self.topk, last=level + 1 == self.levels(budget[b]))
+            live = [b for b in live if grow[b].frontier]
+            if live:
+                rows = self._score(plan, grow, states, root_features, live)
+        trees = [g.best(k) for g, k in zip(grow, budget)]
+        drafts = [t[0] for t in trees]
+        if not any(drafts):                            # no tree this step: the chain answer EagleDrafter gives
+            return drafts, None, ends
+        return Proposal(drafts, None, ends, [t[1] for t in trees])
+
+    def _score(self, plan: StepPlan, grow: list, states: list, root_features: torch.Tensor, live: list[int]) -> dict:
+        """One head forward over the live requests' fed nodes ([root] + expanded, the ancestor mask in the head's K/V):
+        the logits of each frontier node; its state is kept as its children's feature."""
+        reqs = [plan.requests[b] for b in live]
+        blocks = [grow[b].fed_tokens() for b in live]
+        feats = [root_features[b] if j == 0 else states[b][grow[b].parents[node]]
+                 for b in live for j, node in enumerate(grow[b].fed)]          # a node reads its parent's state
+        pb = paged_batch(blocks, [len(r.token_ids) - 1 for r in reqs], [r.block_table for r in reqs],
+                         self.block_size, self.target.head_weight.device, self.sliding_window, check=False,
+                         tree_parents=[grow[b].fed_parents() for b in live])
+        cos, sin = rope_cos_sin(self.draft_head.inv_freq, pb.positions, root_features.dtype)
+        hidden = step_hidden(self.draft_head, self.draft_target, torch.stack(feats), pb.token_ids, cos, sin,
+                             paged_attend(self.cache[0], pb))
+        first = np.cumsum([0] + [len(x) for x in blocks])
+        out = {}
+        for f, b in zip(first, live):
+            index = [int(f) + j for j in grow[b].frontier_rows()]
+            for node, i in zip(grow[b].frontier, index):
+                states[b][node] = hidden[i]
+            out[b] = self._logits(hidden[long_tensor(index).to(hidden.device)])
+        return out
+
+def eagle_tree_drafter(target: Llama, folder: str | Path | None = None, topk: int = 2, depth: int = 4,
+                       dtype: torch.dtype | None = None) -> EagleTreeDrafter:
+    "An EagleTreeDrafter with the head in folder (the shipped head when None), drafting in dtype (None: draft_dtype)."
+    folder = eagle_path() if folder is None else Path(folder)
+    head = load_eagle3(folder, target) if is_eagle3(folder) else load_head(folder, target)
+    return EagleTreeDrafter(head, target, topk, depth, draft_dtype(target) if dtype is None else dtype)
