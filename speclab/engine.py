@@ -1357,7 +1357,7 @@ class ModelRunner:
         if not rows:
             return none
         computed = [r.num_draft_computed for r in plan.requests]
-        _, _, fed = self.drafter.propose(plan.take(rows))
+        fed = Proposal(*self.drafter.propose(plan.take(rows))).num_draft_computed   # a chain's 3 fields or a tree's 4
         for i, n in zip(rows, fed):
             computed[i] = n
         return none._replace(num_draft_computed=computed)
