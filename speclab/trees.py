@@ -458,7 +458,7 @@ class EagleTreeDrafter(EagleDrafter):
         self.depth = as_count(depth, "depth")
 
     def move_slots(self, src: Sequence[int], dst: Sequence[int]) -> None:
-        "After the verify: the accepted nodes' features move with their K/V to the chain's slots (gather, then scatter)."
+        "After the verify: the accepted nodes' features follow their K/V to the chain's slots (gather, then scatter)."
         if len(src) != len(dst):
             raise ValueError(f"src and dst must hold one slot each per move, got {len(src)} and {len(dst)}")
         dev = self.features.device

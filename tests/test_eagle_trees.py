@@ -83,7 +83,7 @@ def test_top1_tree_is_the_chain(target, prompts16, plain16):
 
 
 def test_chain_and_tree_E_measured(target, prompts16, plain16, capsys):
-    """E of the head's chain and of its top-2 tree at the same budget (kappa 8), 16 prompts greedy: printed, both exact.
+    """E of the head's chain and of its top-2 tree at the same budget (kappa 8), 16 prompts greedy: printed, exact.
     No ordering is asserted. Measured: chain 3.49, top-2 tree 3.10 (the tree is at most 5 levels deep)."""
     chain_out, E_chain, _ = greedy_run(target, eagle_drafter(target), prompts16)
     tree_out, E_tree, _ = greedy_run(target, eagle_tree_drafter(target, topk=2, depth=8), prompts16)
