@@ -73,13 +73,15 @@ def test_greedy_head_trees_are_plain_greedy(target, params):
 
 
 def test_top1_tree_is_the_chain(target, prompts16, plain16):
-    """A top-1 tree as deep as the budget is EagleDrafter's chain: the same E to the last token (so the same drafts
-    accepted at every step), both exact. Measured: E = 3.49 for both on 16 prompts, kappa 8."""
+    """A top-1 tree as deep as the budget is EagleDrafter's chain: the same E (so the same drafts accepted), both
+    exact. Measured: E = 3.49 for both on 16 prompts, kappa 8, on this machine."""
     chain_out, E_chain, chain = greedy_run(target, eagle_drafter(target), prompts16)
     tree_out, E_tree, tree = greedy_run(target, eagle_tree_drafter(target, topk=1, depth=8), prompts16)
     assert chain_out == tree_out == plain16
-    assert E_tree == E_chain
-    assert tree.metrics.num_draft_tokens == chain.metrics.num_draft_tokens
+    # equal here; within 2% elsewhere: a float16 near-tie may flip an argmax on another CPU (the two paths feed the
+    # head different blocks), while a node reading a wrong feature loses far more (move_slots off: 3.10 -> 2.70)
+    assert abs(E_tree - E_chain) <= 0.02 * E_chain
+    assert abs(tree.metrics.num_draft_tokens - chain.metrics.num_draft_tokens) <= 0.02 * chain.metrics.num_draft_tokens
 
 
 def test_chain_and_tree_E_measured(target, prompts16, plain16, capsys):
