@@ -7,9 +7,9 @@ __all__ = ['ROOFLINE_ROWS', 'DTYPES', 'SHIPPED', 'FLAGS', 'METHODS', 'SPEC_KEYS'
            'DEMO_PROMPTS', 'DEMO_STOP', 'KAPPA_0', 'AT_LEAST_1', 'UsageError', 'Parser', 'one_line', 'user_input',
            'check_device', 'cmd_proof', 'roofline_cell', 'cmd_roofline', 'cmd_train_toy', 'cmd_train_eagle',
            'resolve_checkpoint', 'sampling_params', 'load_decoder', 'cmd_generate', 'kappa_arg', 'speculative_config',
-           'drafting', 'kappa_plan', 'calibration_line', 'tree_flag', 'tree_plan', 'available_cores', 'idle_cores',
-           'demo_threads', 'time_demo', 'drafter_words', 'training_minutes', 'cmd_demo', 'kappa_words', 'cmd_sweep',
-           'cmd_grade', 'cmd_serve', 'read_prompts', 'cmd_audit', 'build_parser', 'check_args', 'main']
+           'drafting', 'kappa_plan', 'calibration_line', 'tree_flag', 'tree_plan', 'fixed_tree', 'available_cores',
+           'idle_cores', 'demo_threads', 'time_demo', 'drafter_words', 'training_minutes', 'cmd_demo', 'kappa_words',
+           'cmd_sweep', 'cmd_grade', 'cmd_serve', 'read_prompts', 'cmd_audit', 'build_parser', 'check_args', 'main']
 
 # %% ../nbs/90_cli.ipynb #92d8e588
 import argparse
@@ -243,7 +243,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 # %% ../nbs/90_cli.ipynb #c1d2a7f0
 METHODS = ("draft_model", "ngram", "eagle", "eagle3")      # vLLM's names for how to draft
-SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min")
+SPEC_KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+             "speculative_token_tree")
 SPECLAB_KEYS = ("kappa", "min_confidence")                  # speclab's own keys in --speculative-config, not vLLM's
 TREE_KEYS = ("topk", "num_steps", "num_draft_tokens")      # SGLang's words for an EAGLE-2 tree (speclab.serve's)
 AUTO_KAPPA_MAX = 4    # --kappa auto's range without a number of speculative tokens (speclab.serve's, not imported here)
@@ -379,11 +380,14 @@ def tree_flag(key: str) -> str:
     return f"--speculative-{'eagle-' if key == 'topk' else ''}{key.replace('_', '-')}"
 
 def tree_plan(args: argparse.Namespace) -> dict | None:
-    """The EAGLE-2 tree a command line asks for (SGLang's words, from --speculative-config or the
-    --speculative-eagle-topk/-num-steps/-num-draft-tokens flags), or None for chains. A `UsageError` names a conflict."""
+    """The tree a command line asks for: SGLang's words (topk, num_steps, num_draft_tokens, in --speculative-config
+    or as --speculative-eagle-topk, --speculative-num-steps, --speculative-num-draft-tokens) or vLLM's
+    speculative_token_tree; None for chains. A `UsageError` names a conflict."""
     def fail(message):
         raise UsageError(f"speclab {args.command}: error: {message}")
     config = getattr(args, "speculative_config", None) or {}
+    if "speculative_token_tree" in config:
+        return fixed_tree(args, config, fail)
     tree = {}
     for key in TREE_KEYS:
         flag, value = getattr(args, f"tree_{key}", None), config.get(key)
@@ -399,6 +403,21 @@ def tree_plan(args: argparse.Namespace) -> dict | None:
     if config.get("num_speculative_tokens") is not None or getattr(args, "num_speculative_tokens", None) is not None:
         fail("a tree verifies num_draft_tokens - 1 nodes a step: drop num_speculative_tokens")
     return tree
+
+def fixed_tree(args: argparse.Namespace, config: dict, fail: Callable[[str], None]) -> dict:
+    "tree_plan for vLLM's `speculative_token_tree` (a fixed shape): alone, num_speculative_tokens its node count."
+    from speclab.trees import parse_token_tree
+    given = [key for key in TREE_KEYS if config.get(key) is not None or getattr(args, f"tree_{key}", None) is not None]
+    if given:
+        fail(f"speculative_token_tree fixes the tree: drop {', '.join(given)}")
+    try:
+        shape = parse_token_tree(config["speculative_token_tree"])
+    except ValueError as e:
+        fail(str(e))
+    wanted = config.get("num_speculative_tokens") or getattr(args, "num_speculative_tokens", None)
+    if wanted is not None and wanted != len(shape):
+        fail(f"num_speculative_tokens {wanted} and speculative_token_tree's {len(shape)} nodes disagree")
+    return {"speculative_token_tree": config["speculative_token_tree"]}
 
 # %% ../nbs/90_cli.ipynb #d5e33f02
 DEMO_PROMPTS = [  # each completed up to the blank line that ends its function; chosen for text that reads as Python
@@ -743,8 +762,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     how = ("plain decoding (no speculation)" if plain else f"n-gram drafts (n <= {ngram}), {k}"
            if ngram else f"draft {draft}, {k}")
     if tree and not plain:
-        how = (f"draft {draft}, EAGLE-2 trees: top-{tree['topk']}, up to {tree['num_steps']} levels, "
-               f"{cap} nodes verified a step")
+        d = eng.drafter
+        shape = ("a fixed tree (speculative_token_tree)" if getattr(d, "token_tree", None) else
+                 f"EAGLE-2 trees: top-{d.topk}, up to {d.depth} levels")
+        how = f"draft {draft}, {shape}, {cap} nodes verified a step"
     print(f"speclab serve: target {target}, {how}; at most {args.max_num_seqs} running requests, "
           f"{torch.get_num_threads()} torch thread(s), {args.device}", flush=True)
     for cal in cals:

@@ -143,37 +143,48 @@ def load_engine(target: str | Path, draft: str | Path | None = None, ngram: int 
     return SpecDecoder(target_model, drafter, load_tokenizer(target), kappa=0 if plain else cap, policy=policy,
                        seed=seed, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
 
-TREE_KEYS = ("topk", "num_steps", "num_draft_tokens")   # SGLang's words for an EAGLE-2 tree (speculative_eagle_topk, ...)
+TREE_KEYS = ("topk", "num_steps", "num_draft_tokens")   # SGLang's words for an EAGLE-2 tree (--speculative-...)
 
-def check_tree(tree: dict) -> tuple[int, int, int]:
-    """(topk, num_steps, nodes) of a tree's shape, in SGLang's words: `topk` children expanded per node and level,
-    `num_steps` levels at most, `num_draft_tokens` positions verified (the root and nodes = num_draft_tokens - 1)."""
+def check_tree(tree: dict) -> tuple[int, int, int, list | None]:
+    """(topk, num_steps, nodes, fixed shape or None) of a tree: in SGLang's words, `topk` children expanded per node
+    and level, `num_steps` levels at most, `num_draft_tokens` positions verified (the root and nodes = num_draft_tokens
+    - 1); or vLLM's `speculative_token_tree`, a fixed shape of draft ranks (Chapter 14's `parse_token_tree`)."""
+    from speclab.trees import parse_token_tree
+    if isinstance(tree, dict) and set(tree) == {"speculative_token_tree"}:
+        shape = parse_token_tree(tree["speculative_token_tree"])
+        return max(max(p) for p in shape) + 1, max(len(p) for p in shape), len(shape), shape
     if not isinstance(tree, dict) or set(tree) != set(TREE_KEYS):
-        raise ValueError(f"tree must give exactly {', '.join(TREE_KEYS)}, got {tree!r}")
+        raise ValueError(f"tree must give exactly {', '.join(TREE_KEYS)} (or speculative_token_tree alone), "
+                         f"got {tree!r}")
     for key in TREE_KEYS:
         value, least = tree[key], 2 if key == "num_draft_tokens" else 1
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"{key} must be an int >= {least}, got {value!r}")
-    return tree["topk"], tree["num_steps"], tree["num_draft_tokens"] - 1
+    return tree["topk"], tree["num_steps"], tree["num_draft_tokens"] - 1, None
 
 def tree_engine(target: str | Path, draft: str | Path | None, ngram: int | None, kappa: int | str, tree: dict,
                 min_confidence: float = 0.0, *, dtype: str = "float32", device: str = "cpu",
                 **engine: Any) -> SpecDecoder:
-    "load_engine's tree branch: a draft model drafting EAGLE-2 trees (Chapter 14's TreeDrafter), a fixed budget."
+    """load_engine's tree branch: EAGLE-2 trees (or a fixed shape) from a draft model or an EAGLE head (Chapter 14's
+    TreeDrafter and EagleTreeDrafter), a fixed node budget and no kappa policy."""
     from speclab.eagle import is_eagle_head
-    from speclab.trees import TreeDrafter
-    topk, num_steps, nodes = check_tree(tree)
+    from speclab.trees import TreeDrafter, eagle_tree_drafter
+    topk, num_steps, nodes, shape = check_tree(tree)
     if ngram is not None or draft is None:
-        raise ValueError("a tree needs a draft model (draft): n-gram lookup drafts chains")
+        raise ValueError("a tree needs a draft model or an EAGLE head (draft): n-gram lookup drafts chains")
     if kappa not in ("auto", nodes):
-        raise ValueError(f"kappa {kappa!r} and the tree's {nodes} nodes (num_draft_tokens - 1) disagree")
+        raise ValueError(f"kappa {kappa!r} and the tree's {nodes} nodes disagree")
     if min_confidence:
-        raise ValueError("min_confidence stops a chain's run; a tree's budget is fixed by num_draft_tokens")
-    if is_eagle_head(draft):
-        raise ValueError(f"{draft} is an EAGLE head: trees are drafted by a draft model here")
+        raise ValueError("min_confidence stops a chain's run; a tree's node budget is fixed")
     dt = getattr(torch, dtype)
     target_model = load_model(target, dt, device)
-    drafter = TreeDrafter(load_model(draft, dt, device), topk, num_steps, load_tokenizer(draft))
+    if is_eagle_head(draft):
+        if shape is not None:
+            raise ValueError("an EAGLE head drafts EAGLE-2 trees (topk, num_steps, num_draft_tokens), not a fixed "
+                             "speculative_token_tree")
+        drafter = eagle_tree_drafter(target_model, draft, topk, num_steps)
+    else:
+        drafter = TreeDrafter(load_model(draft, dt, device), topk, num_steps, load_tokenizer(draft), shape)
     return SpecDecoder(target_model, drafter, load_tokenizer(target), kappa=nodes, **engine)
 
 # %% ../nbs/11_serve.ipynb #3233df71

@@ -7,7 +7,7 @@ __all__ = ['SCHEMES', 'Rule', 'PLANTED', 'check_scheme', 'one_hot', 'trial_draft
            'node_emit', 'children_law', 'emit_law', 'node_law', 'node_acceptance', 'unnormalized_rule', 'TokenTree',
            'check_widths', 'draft_tree', 'verify_tree', 'tree_stepper', 'tree_step_law', 'tree_law',
            'expected_tokens_per_step', 'dynamic_tree', 'reach_probs', 'commit_tree_path', 'TreeDrafter', 'Growth',
-           'EagleTreeDrafter', 'eagle_tree_drafter']
+           'parse_token_tree', 'EagleTreeDrafter', 'eagle_tree_drafter']
 
 # %% ../nbs/14_trees.ipynb #t14a0004
 import itertools
@@ -358,14 +358,21 @@ from .model import Llama, forward_paged, long_tensor, paged_batch
 
 class TreeDrafter(ModelDrafter):
     """EAGLE-2 trees from a draft model: each level expands the `topk` nodes of highest cumulative draft probability
-    with their `topk` likeliest children (at most `depth` levels); the step verifies the best kappa nodes."""
-    def __init__(self, model: Llama, topk: int = 2, depth: int = 4, tokenizer: object | None = None):
+    with their `topk` likeliest children (at most `depth` levels); the step verifies the best kappa nodes. With
+    `token_tree` (vLLM's rank paths, see `parse_token_tree`) every step drafts that fixed shape instead."""
+    def __init__(self, model: Llama, topk: int = 2, depth: int = 4, tokenizer: object | None = None,
+                 token_tree: str | Sequence[Sequence[int]] | None = None):
         super().__init__(model, greedy=True, tokenizer=tokenizer)
-        self.topk = as_count(topk, "topk")
-        self.depth = as_count(depth, "depth")
+        self.token_tree = None if token_tree is None else parse_token_tree(token_tree)   # a fixed shape (vLLM's)
+        static = self.token_tree or [(topk - 1,) * depth]
+        self.topk = as_count(max(max(p) for p in static) + 1, "topk")
+        self.depth = as_count(max(len(p) for p in static), "depth")
 
     def levels(self, budget: int) -> int:
-        "Levels a request with `budget` nodes grows: the nodes it expands (topk per level) must fit its slots."
+        """Levels a request with `budget` nodes grows: the nodes it expands (topk per level) must fit its slots;
+        a fixed shape grows the levels of its first `budget` nodes."""
+        if self.token_tree is not None:
+            return max((len(p) for p in self.token_tree[:budget]), default=0)
         return min(self.depth, budget // self.topk + 1) if budget else 0
 
     def propose(self, plan: StepPlan) -> Proposal:
@@ -373,7 +380,8 @@ class TreeDrafter(ModelDrafter):
         batch = plan.requests
         logits = self._feed(batch, [r.num_draft_computed for r in batch],
                             [r.token_ids[r.num_draft_computed:] for r in batch])      # the roots' rows
-        grow = [Growth(r.token_ids[-1]) for r in batch]
+        shape = [None if self.token_tree is None else self.token_tree[:k] for k in plan.kappas]
+        grow = [Growth(r.token_ids[-1], tree) for r, tree in zip(batch, shape)]
         live = [b for b, k in enumerate(plan.kappas) if self.levels(k)]
         rows = {b: [logits[b]] for b in live}
         for level in range(max((self.levels(k) for k in plan.kappas), default=0)):
@@ -402,23 +410,38 @@ class TreeDrafter(ModelDrafter):
 # %% ../nbs/14_trees.ipynb #t14e0003
 class Growth:
     "One request's tree while a TreeDrafter grows it: every candidate, the nodes fed so far, the frontier."
-    def __init__(self, root: int):
+    def __init__(self, root: int, token_tree: list[tuple[int, ...]] | None = None):
         self.tokens, self.parents, self.scores = [int(root)], [-1], [1.0]
+        self.ranks = [()]                   # each candidate's path of draft ranks from the root (vLLM's notation)
+        self.token_tree = token_tree        # a fixed shape, or None: EAGLE-2's expansion by cumulative probability
         self.fed = [0]                      # candidates fed to the draft (their K/V in the lookahead), root first
         self.frontier = [0]                 # candidates whose draft rows the next expand reads
 
+    def child_ranks(self, node: int, topk: int) -> list[int]:
+        "The draft ranks of a node's children: 0..topk-1, or those its fixed shape lists."
+        if self.token_tree is None:
+            return list(range(topk))
+        path = self.ranks[node]
+        return [p[-1] for p in self.token_tree if len(p) == len(path) + 1 and p[:-1] == path]
+
     def expand(self, rows: Sequence[torch.Tensor], topk: int, last: bool) -> None:
-        "Add each frontier node's topk likeliest children; the next frontier: this level's topk best (none if last)."
+        """Add each frontier node's children (its likeliest draft tokens, by rank); the next frontier: this level's
+        topk best (none if last), or, for a fixed shape, this level's nodes that have children in it."""
         level = []
         for node, row in zip(self.frontier, rows):
             q = torch.softmax(row.float(), -1)
-            top = q.topk(topk)
-            for prob, token in zip(top.values.tolist(), top.indices.tolist()):
-                self.tokens.append(token)
+            ranks = self.child_ranks(node, topk)
+            top = q.topk(max(ranks) + 1)
+            for rank in ranks:
+                self.tokens.append(int(top.indices[rank]))
                 self.parents.append(node)
-                self.scores.append(self.scores[node] * prob)
+                self.scores.append(self.scores[node] * float(top.values[rank]))
+                self.ranks.append(self.ranks[node] + (rank,))
                 level.append(len(self.tokens) - 1)
-        self.frontier = [] if last else sorted(level, key=lambda i: (-self.scores[i], i))[:topk]
+        if self.token_tree is not None:
+            self.frontier = [i for i in level if self.child_ranks(i, topk)]
+        else:
+            self.frontier = [] if last else sorted(level, key=lambda i: (-self.scores[i], i))[:topk]
         self.fed += self.frontier
 
     def fed_tokens(self) -> list[int]:
@@ -435,9 +458,34 @@ class Growth:
 
     def best(self, budget: int) -> tuple[list[int], list[int]]:
         "The `budget` best candidates (ancestor-closed), in creation order: (tokens, parents over [root] + them)."
-        keep = sorted(sorted(range(1, len(self.tokens)), key=lambda i: (-self.scores[i], i))[:budget])
+        by_score = sorted(range(1, len(self.tokens)), key=lambda i: (-self.scores[i], i))
+        keep = list(range(1, len(self.tokens))) if self.token_tree is not None else sorted(by_score[:budget])
         index = {old: new for new, old in enumerate([0] + keep)}
         return [self.tokens[i] for i in keep], [-1] + [index[self.parents[i]] for i in keep]
+
+def parse_token_tree(tree: str | Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+    """vLLM's `speculative_token_tree`: one path of draft ranks per node, e.g. "[(0,), (1,), (0, 0)]" (the draft's
+    top two tokens, and the top token after the first). Checked (every path's parent listed, ranks ints >= 0, no
+    path twice) and sorted by depth, so that any prefix of the list is a tree."""
+    import ast
+    if isinstance(tree, str):
+        try:
+            tree = ast.literal_eval(tree)
+        except (ValueError, SyntaxError):
+            raise ValueError(f"speculative_token_tree must be a list of tuples of ints, got {tree!r}") from None
+    if isinstance(tree, (str, bytes)) or not isinstance(tree, Sequence) or not tree:
+        raise ValueError(f"speculative_token_tree must be a non-empty list of tuples of ints, got {tree!r}")
+    paths = []
+    for p in tree:
+        ok = isinstance(p, Sequence) and not isinstance(p, (str, bytes)) and len(p) > 0
+        if not ok or any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in p):
+            raise ValueError(f"speculative_token_tree: each node is a tuple of ranks (ints >= 0), got {p!r}")
+        paths.append(tuple(p))
+    missing = [p for p in paths if len(p) > 1 and p[:-1] not in set(paths)]
+    if missing or len(set(paths)) < len(paths):
+        what = f"{missing[0]} has no parent {missing[0][:-1]}" if missing else "a path is listed twice"
+        raise ValueError(f"speculative_token_tree must be a tree: {what}")
+    return sorted(paths, key=lambda p: (len(p), p))
 
 # %% ../nbs/14_trees.ipynb #t14g0002
 from .eagle import EagleDrafter, EagleHead, Eagle3Head, draft_dtype, eagle_path, is_eagle3, load_eagle3
@@ -450,6 +498,7 @@ class EagleTreeDrafter(EagleDrafter):
     highest cumulative head probability with their `topk` likeliest children (at most `depth` levels). A node reads
     its parent's head state as its feature; the step verifies the best kappa nodes by the target-only rule."""
     levels = TreeDrafter.levels                      # the same node budget as the draft model's trees
+    token_tree = None                                # EAGLE-2's dynamic expansion only (no fixed shape)
 
     def __init__(self, head: EagleHead | Eagle3Head, target: Llama, topk: int = 2, depth: int = 4,
                  dtype: torch.dtype | None = None):

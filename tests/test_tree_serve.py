@@ -83,6 +83,10 @@ def parse(*argv):
      "--speculative-eagle-topk 3 and 'topk' 2"),
     (["--speculative-config", '{"topk": 2, "num_steps": 3, "num_draft_tokens": 7, "num_speculative_tokens": 3}'],
      "drop num_speculative_tokens"),
+    (["--speculative-config", '{"speculative_token_tree": "[(0,), (1,)]", "topk": 2}'], "fixes the tree: drop topk"),
+    (["--speculative-config", '{"speculative_token_tree": "[(0,), (1,)]", "num_speculative_tokens": 3}'],
+     "num_speculative_tokens 3 and speculative_token_tree's 2 nodes disagree"),
+    (["--speculative-config", '{"speculative_token_tree": "[(0,), (2, 0)]"}'], "has no parent"),
 ])
 def test_tree_flags_conflicts_are_named(argv, words):
     with pytest.raises(UsageError, match=words):
@@ -95,6 +99,9 @@ def test_tree_keys_in_speculative_config():
         speculative_config('{"topk": 2, "eagle_topk": 3}')
     assert tree_plan(parse("--speculative-config", '{"topk": 2, "num_steps": 3, "num_draft_tokens": 7}')) == TREE
     assert tree_plan(parse()) is None
+    shape = {"speculative_token_tree": "[(0,), (1,), (0, 0)]"}
+    assert tree_plan(parse("--speculative-config", '{"speculative_token_tree": "[(0,), (1,), (0, 0)]", '
+                           '"num_speculative_tokens": 3}')) == shape
 
 
 @pytest.mark.parametrize("tree,words", [
@@ -105,3 +112,24 @@ def test_tree_keys_in_speculative_config():
 def test_load_engine_names_a_bad_tree(tree, words):
     with pytest.raises(ValueError, match=words):
         load_engine(tiny_pair_path("target"), tiny_pair_path("draft"), tree=tree)
+
+
+@pytest.mark.parametrize("draft,tree", [
+    ("draft", {"speculative_token_tree": "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"}),   # vLLM's fixed shape
+    ("eagle", dict(topk=2, num_steps=4, num_draft_tokens=9)),                                  # the EAGLE head's
+], ids=["fixed-shape", "eagle-head"])
+def test_other_trees_serve_plain_greedy(servers, draft, tree):
+    "A fixed shape (vLLM's word) and the EAGLE head's trees, served: greedy texts equal the plain server's."
+    from speclab.eagle import eagle_path
+    _, reference_url, _ = servers
+    folder = eagle_path() if draft == "eagle" else tiny_pair_path("draft")
+    loop = EngineLoop(load_engine(tiny_pair_path("target"), folder, tree=tree, max_num_seqs=4, seed=7))
+    texts = []
+    with ServerThread(build_app(loop, "speclab-tiny")) as server:
+        for base in (server.url, reference_url):
+            with openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=120) as client:
+                out = client.completions.create(model="speclab-tiny", prompt=list(DEFAULT_PROMPTS[:4]), max_tokens=24,
+                                                temperature=0)
+                texts.append([c.text for c in sorted(out.choices, key=lambda c: c.index)])
+    assert texts[0] == texts[1]
+    assert loop.engine.metrics.num_accepted_tokens > 0
