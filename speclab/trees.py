@@ -445,6 +445,7 @@ class Growth:
         self.fed += self.frontier
 
     def fed_tokens(self) -> list[int]:
+        "The tokens fed to the draft this step, root first (storage order: slot i holds the i-th)."
         return [self.tokens[i] for i in self.fed]
 
     def fed_parents(self) -> list[int]:
@@ -453,6 +454,7 @@ class Growth:
         return [-1] + [where[self.parents[i]] for i in self.fed[1:]]
 
     def frontier_rows(self) -> list[int]:
+        "Where each frontier node sits among the fed tokens: the rows whose logits the next expand reads."
         where = {node: j for j, node in enumerate(self.fed)}
         return [where[i] for i in self.frontier]
 
