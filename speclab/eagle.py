@@ -635,11 +635,10 @@ class EagleDrafter:
         hidden = step_hidden(head, target, features, pb.token_ids, cos, sin, paged_attend(self.cache[0], pb))
         return hidden[pb.last_token_indices]
 
-    @torch.no_grad()
-    def propose(self, plan: StepPlan) -> tuple[list[list[int]], torch.Tensor | None, list[int]]:
-        """Catch the head up on the verified positions, then draft: drafts, their q rows, and the head positions now
-        cached from the target's features (the update writes them into each record's `num_draft_computed`)."""
-        batch, kappas = plan.requests, plan.kappas
+    def _catch_up(self, plan: StepPlan) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """Feed the head the verified positions, each reading the target's features of the position before it:
+        (head positions cached per request, the head state at each request's last row, that row's fused feature)."""
+        batch = plan.requests
         ends = [min(len(r.token_ids), c + 1) for r, c in zip(batch, plan.first_positions())]   # the feature lag
         starts = [min(r.num_draft_computed, e - 1) for r, e in zip(batch, ends)]
         slots, blocks = [], []
@@ -648,7 +647,15 @@ class EagleDrafter:
             blocks.append(r.token_ids[s:e])
         idx = torch.tensor(slots, device=self.features.device)
         fused = self.draft_head.fc(self.features[idx.clamp(min=0)] * (idx >= 0)[:, None])
-        hidden = self._run(batch, starts, blocks, fused)
+        last = torch.tensor([len(b) for b in blocks]).cumsum(0) - 1
+        return ends, self._run(batch, starts, blocks, fused), fused[last.to(fused.device)]
+
+    @torch.no_grad()
+    def propose(self, plan: StepPlan) -> tuple[list[list[int]], torch.Tensor | None, list[int]]:
+        """Catch the head up on the verified positions, then draft: drafts, their q rows, and the head positions now
+        cached from the target's features (the update writes them into each record's `num_draft_computed`)."""
+        batch, kappas = plan.requests, plan.kappas
+        ends, hidden, _ = self._catch_up(plan)
         kap = torch.tensor([k if e == len(r.token_ids) else 0 for r, k, e in zip(batch, kappas, ends)])
         K = int(kap.max()) if len(kap) else 0
         toks = torch.zeros(len(batch), K, dtype=torch.int64)

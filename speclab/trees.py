@@ -515,20 +515,6 @@ class EagleTreeDrafter(EagleDrafter):
         dev = self.features.device
         self.features[long_tensor(list(dst)).to(dev)] = self.features[long_tensor(list(src)).to(dev)]
 
-    def _catch_up(self, plan: StepPlan) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-        "EagleDrafter's catch-up: (positions cached per request, the head state at each root, each root's feature)."
-        batch = plan.requests
-        ends = [min(len(r.token_ids), c + 1) for r, c in zip(batch, plan.first_positions())]   # the feature lag
-        starts = [min(r.num_draft_computed, e - 1) for r, e in zip(batch, ends)]
-        slots, blocks = [], []
-        for r, s, e in zip(batch, starts, ends):
-            slots += self._slots(r, self.feature_positions(r, s, e))
-            blocks.append(r.token_ids[s:e])
-        idx = torch.tensor(slots, device=self.features.device)
-        fused = self.draft_head.fc(self.features[idx.clamp(min=0)] * (idx >= 0)[:, None])
-        last = long_tensor([len(b) for b in blocks]).cumsum(0) - 1
-        return ends, self._run(batch, starts, blocks, fused), fused[last.to(fused.device)]
-
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return step_logits(self.draft_head, self.draft_target, hidden)
 
