@@ -7,9 +7,10 @@ __all__ = ['ROOFLINE_ROWS', 'DTYPES', 'SHIPPED', 'FLAGS', 'METHODS', 'SPEC_KEYS'
            'DEMO_PROMPTS', 'DEMO_STOP', 'KAPPA_0', 'AT_LEAST_1', 'UsageError', 'Parser', 'one_line', 'user_input',
            'check_device', 'cmd_proof', 'roofline_cell', 'cmd_roofline', 'cmd_train_toy', 'cmd_train_eagle',
            'resolve_checkpoint', 'sampling_params', 'load_decoder', 'cmd_generate', 'kappa_arg', 'speculative_config',
-           'drafting', 'kappa_plan', 'calibration_line', 'tree_flag', 'tree_plan', 'fixed_tree', 'available_cores',
-           'idle_cores', 'demo_threads', 'time_demo', 'drafter_words', 'training_minutes', 'cmd_demo', 'kappa_words',
-           'cmd_sweep', 'cmd_grade', 'cmd_serve', 'read_prompts', 'cmd_audit', 'build_parser', 'check_args', 'main']
+           'drafting', 'kappa_plan', 'calibration_line', 'tree_flag', 'tree_plan', 'check_tree_kappa', 'fixed_tree',
+           'available_cores', 'idle_cores', 'demo_threads', 'time_demo', 'drafter_words', 'training_minutes',
+           'cmd_demo', 'kappa_words', 'cmd_sweep', 'cmd_grade', 'cmd_serve', 'read_prompts', 'cmd_audit',
+           'build_parser', 'check_args', 'main']
 
 # %% ../nbs/90_cli.ipynb #92d8e588
 import argparse
@@ -402,7 +403,13 @@ def tree_plan(args: argparse.Namespace) -> dict | None:
         fail(f"a tree needs {', '.join(TREE_KEYS)}; missing {', '.join(missing)}")
     if config.get("num_speculative_tokens") is not None or getattr(args, "num_speculative_tokens", None) is not None:
         fail("a tree verifies num_draft_tokens - 1 nodes a step: drop num_speculative_tokens")
+    check_tree_kappa(args, config, fail)
     return tree
+
+def check_tree_kappa(args: argparse.Namespace, config: dict, fail: Callable[[str], None]) -> None:
+    "A tree's node budget is fixed: an explicit `--kappa auto` (or 'kappa': 'auto') would be ignored, so it is refused."
+    if "auto" in (getattr(args, "kappa", None), config.get("kappa")):
+        fail("a tree verifies a fixed number of nodes a step: drop --kappa auto (no kappa policy for trees)")
 
 def fixed_tree(args: argparse.Namespace, config: dict, fail: Callable[[str], None]) -> dict:
     "tree_plan for vLLM's `speculative_token_tree` (a fixed shape): alone, num_speculative_tokens its node count."
@@ -417,6 +424,7 @@ def fixed_tree(args: argparse.Namespace, config: dict, fail: Callable[[str], Non
     wanted = config.get("num_speculative_tokens") or getattr(args, "num_speculative_tokens", None)
     if wanted is not None and wanted != len(shape):
         fail(f"num_speculative_tokens {wanted} and speculative_token_tree's {len(shape)} nodes disagree")
+    check_tree_kappa(args, config, fail)
     return {"speculative_token_tree": config["speculative_token_tree"]}
 
 # %% ../nbs/90_cli.ipynb #d5e33f02

@@ -87,6 +87,9 @@ def parse(*argv):
     (["--speculative-config", '{"speculative_token_tree": "[(0,), (1,)]", "num_speculative_tokens": 3}'],
      "num_speculative_tokens 3 and speculative_token_tree's 2 nodes disagree"),
     (["--speculative-config", '{"speculative_token_tree": "[(0,), (2, 0)]"}'], "has no parent"),
+    (["--speculative-eagle-topk", "2", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "7", "--kappa",
+      "auto"], "drop --kappa auto"),
+    (["--speculative-config", '{"speculative_token_tree": "[(0,), (1,)]", "kappa": "auto"}'], "drop --kappa auto"),
 ])
 def test_tree_flags_conflicts_are_named(argv, words):
     with pytest.raises(UsageError, match=words):
