@@ -9,8 +9,8 @@ __all__ = ['ROOFLINE_ROWS', 'DTYPES', 'SHIPPED', 'FLAGS', 'METHODS', 'SPEC_KEYS'
            'resolve_checkpoint', 'sampling_params', 'load_decoder', 'cmd_generate', 'kappa_arg', 'speculative_config',
            'drafting', 'kappa_plan', 'calibration_line', 'tree_flag', 'tree_plan', 'check_tree_kappa', 'fixed_tree',
            'available_cores', 'idle_cores', 'demo_threads', 'time_demo', 'drafter_words', 'training_minutes',
-           'cmd_demo', 'kappa_words', 'cmd_sweep', 'cmd_grade', 'cmd_serve', 'read_prompts', 'cmd_audit',
-           'build_parser', 'check_args', 'main']
+           'cmd_demo', 'kappa_words', 'cmd_sweep', 'cmd_grade', 'serve_threads', 'cmd_serve', 'read_prompts',
+           'cmd_audit', 'build_parser', 'check_args', 'main']
 
 # %% ../nbs/90_cli.ipynb #92d8e588
 import argparse
@@ -743,6 +743,11 @@ def _at_least_0(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
+def serve_threads(cores: int) -> int:
+    """Torch threads for `speclab serve`: every core but one, and at least one. The spare core is the HTTP front
+    end's: its event loop parses, encodes and streams every token while the engine thread steps."""
+    return max(1, cores - 1)
+
 def cmd_serve(args: argparse.Namespace) -> int:
     "The engine behind an OpenAI-compatible API with vLLM's metrics (Chapter 11), until Ctrl-C."
     import torch
@@ -756,8 +761,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_device(args.device)
         target = resolve_checkpoint(args.target, "target")
         draft = None if plain or ngram else resolve_checkpoint(draft, "draft")
-        if args.threads:
-            torch.set_num_threads(args.threads)
+        torch.set_num_threads(args.threads or serve_threads(available_cores()))
         eng = load_engine(target, draft, None if plain else ngram, 0 if plain else kappa,
                           kappa_max=None if plain else kappa_max, min_confidence=0.0 if plain else confidence,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -808,7 +812,8 @@ def _add_serve(sub):
                     help="tokens computed per step at most (default 8192)")
     sv.add_argument("--served-model-name", help="the model name clients send (default speclab-tiny, or the folder's)")
     sv.add_argument("--seed", type=int, default=0, help="the engine's seed (default 0)")
-    sv.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    sv.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default: every core but one, which the HTTP front end keeps)")
     sv.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="weight dtype (default fp32)")
     sv.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     sv.set_defaults(func=cmd_serve)

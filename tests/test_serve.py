@@ -29,6 +29,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import speclab.serve
+from speclab.cli import available_cores, serve_threads
 from speclab.vllm_io import metrics_delta, parse_prometheus
 from speclab.engine import Output, SamplingParams, StepOutput
 from speclab.serve import (Abort, Command, EngineLoop, Failed, ServerThread, Stream, build_app, engine_failure,
@@ -472,11 +473,12 @@ def test_cli_argument_errors(argv, words):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_speclab_serve_process(tmp_path, sig):
     """`speclab serve` as a real process: it prints its URL, serves, and SIGINT or SIGTERM (issue 39: exit 143, no
-    closing line) stops it with status 0 after its closing line. The SIGINT run starts at the default --kappa auto
-    and prints its calibration; the SIGTERM run at a fixed kappa prints none."""
+    closing line) stops it with status 0 after its closing line. The SIGINT run starts at the defaults, --kappa auto
+    (it prints its calibration) and every core but one for torch (`serve_threads`); the SIGTERM run at a fixed kappa
+    and one thread prints no calibration."""
     out = (tmp_path / "out.txt").open("w")
-    fixed = ["--kappa", "3"] if sig == signal.SIGTERM else []
-    proc = subprocess.Popen([str(SPECLAB), "serve", "--port", "0", "--max-num-seqs", "2", "--threads", "1", *fixed],
+    fixed = ["--kappa", "3", "--threads", "1"] if sig == signal.SIGTERM else []
+    proc = subprocess.Popen([str(SPECLAB), "serve", "--port", "0", "--max-num-seqs", "2", *fixed],
                             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
         deadline, url = time.monotonic() + 120, None
@@ -500,8 +502,9 @@ def test_speclab_serve_process(tmp_path, sig):
     text = (tmp_path / "out.txt").read_text()
     assert "speclab serve: stopped" in text and "Traceback" not in text, text
     if fixed:
-        assert "kappa = 3" in text and "calibrated" not in text, text
+        assert "kappa = 3" in text and "calibrated" not in text and ", 1 torch thread(s)," in text, text
     else:
+        assert f", {serve_threads(available_cores())} torch thread(s)," in text, text
         assert "kappa auto (0..4)" in text and "speclab serve: calibrated on this machine in " in text, text
         assert "kappa chosen per step in 0..4 (--kappa auto)" in text, text
 
