@@ -3,11 +3,12 @@
     python benchmarks/adaptive_kappa.py                                   # table
     python benchmarks/adaptive_kappa.py --rounds 3 --json --out FILE      # also one JSON file
 
-On the shipped tiny pair (fp32; two torch threads), the same 16 held-out prompts (Chapter 9c's) are served with
-`max_num_seqs` = concurrency (continuous batching), greedy, `--tokens` new tokens each. Per drafter (the draft model,
-n-gram lookup n <= 3, the shipped EAGLE head) the engines are: kappa 1, 2 and 3 fixed, and what `speclab serve`
-builds for `--kappa auto`: `KappaPolicy.adaptive` (this machine's costs from `measure_step_costs`, one
-calibration per drafter, recorded with the run; each request's live alpha; no refit), kappa in 0..4.
+On the shipped tiny pair (fp32; `--threads`, by default `speclab serve`'s: every core but one), the same 16
+held-out prompts (Chapter 9c's) are served with `max_num_seqs` = concurrency (continuous batching), greedy,
+`--tokens` new tokens each. Per drafter (the draft model, n-gram lookup n <= 3, the shipped EAGLE head) the engines
+are: kappa 1, 2 and 3 fixed, and what `speclab serve` builds for `--kappa auto`: `KappaPolicy.adaptive` (this
+machine's costs from `measure_step_costs`, one calibration per drafter, recorded with the run; each request's live
+alpha; no refit), kappa in 0..4.
 Plain decoding is shared by all drafters. Every engine is built once and warmed; each round runs every engine at
 every concurrency in one interleaved order, so a busy machine slows them alike. Medians over rounds; every ratio is
 of medians of the same run:
@@ -27,6 +28,7 @@ import time
 
 import torch
 
+from speclab.cli import available_cores, serve_threads
 from speclab.eagle import eagle_drafter
 from speclab.engine import KappaPolicy, ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder, measure_step_costs
 from speclab.model import load_model
@@ -45,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--drafters", nargs="+", choices=DRAFTERS, default=list(DRAFTERS), help="drafters to run")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
     ap.add_argument("--tokens", type=int, default=48, help="new tokens per request (default 48)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: speclab serve's, every core "
+                    "but one; the runs before issue 41's second session used 2)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--out", help="also write the JSON here")
     a = ap.parse_args(argv)
@@ -100,7 +104,7 @@ def crossings(med: dict, alpha: dict, costs: dict, drafters: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     "Run the grid; print the table or the JSON."
     a = parse_args(argv)
-    torch.set_num_threads(2)
+    torch.set_num_threads(a.threads or serve_threads(available_cores()))
     target, draft = load_model(tiny_pair_path("target")), load_model(tiny_pair_path("draft"))
     t0 = time.perf_counter()
     costs = {name: measure_step_costs(target, make_drafter(name, target, draft), KAPPA_MAX) for name in a.drafters}
@@ -125,7 +129,8 @@ def main(argv: list[str] | None = None) -> dict:
     ratio = {name: {c: m[f"{name}/auto"] / max([m["plain"]] + [m[f"{name}/kappa{k}"] for k in FIXED])
                     for c, m in med.items()} for name in a.drafters}
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
-           platform.machine(), "cpus": os.cpu_count(), "load": loads, "tokens": a.tokens, "rounds": a.rounds,
+           platform.machine(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "load": loads,
+           "tokens": a.tokens, "rounds": a.rounds,
            "calibration_s": calibration_s, "costs": {n: dataclasses.asdict(c) for n, c in costs.items()},
            "tokens_per_s": med, "auto_over_best": ratio, "kappa_counts": chosen,
            "crossing": crossings(med, alpha, costs, a.drafters)}

@@ -558,11 +558,13 @@ class StepCosts:
         "The smallest batch at which speculation stops paying on these costs (None: it pays up to max_batch)."
         return next((b for b in range(1, max_batch + 1) if self.best_kappa(b, alpha, kappa_max) == 0), None)
 
-def live_alpha(r: RequestState, prior: float, strength: float) -> float:
+def live_alpha(r: RequestState, prior: float, strength: float, optimism: float = 0.0) -> float:
     """r's acceptance rate under Chapter 9's i.i.d. model, fitted to its own steps so far: accepted drafts are
-    successes, steps that rejected one are failures, with a Beta prior of mean `prior` worth `strength` drafts."""
-    accepted = r.num_accepted_tokens
-    return (prior * strength + accepted) / (strength + accepted + r.num_rejections)
+    successes, steps that rejected one are failures, with a Beta prior of mean `prior` worth `strength` drafts. With
+    `optimism` z, the posterior mean plus z posterior standard deviations (at most 1): an upper confidence bound."""
+    n = strength + r.num_accepted_tokens + r.num_rejections
+    mean = (prior * strength + r.num_accepted_tokens) / n
+    return min(1.0, mean + optimism * math.sqrt(mean * (1 - mean) / (n + 1)))
 
 class CostFit:
     """StepCosts learned from the engine's own steps: least squares of each step's seconds on `features`, older
@@ -613,6 +615,7 @@ class KappaPolicy:
     learn: bool = False                # refit the costs after every step from its measured time
     explore: float = 0.0               # the share of steps that try the other kind of plan
     seed: int = 0                      # the exploration's own generator (never a request's)
+    optimism: float = 0.0              # plan with each alpha's upper bound: this many posterior sds above its mean
 
     def __post_init__(self) -> None:
         if not isinstance(self.costs, StepCosts):
@@ -623,6 +626,8 @@ class KappaPolicy:
             raise ValueError(f"prior_strength must be > 0, got {self.prior_strength!r}")
         if isinstance(self.explore, bool) or not isinstance(self.explore, (int, float)) or not 0 <= self.explore < 1:
             raise ValueError(f"explore must lie in [0, 1), got {self.explore!r}")
+        if isinstance(self.optimism, bool) or not isinstance(self.optimism, (int, float)) or not 0 <= self.optimism < 9:
+            raise ValueError(f"optimism must lie in [0, 9) posterior standard deviations, got {self.optimism!r}")
         self.fit = CostFit(self.costs) if self.learn else None
         self.rng = np.random.default_rng(self.seed)
         self.exploring = 0             # steps left in the current run of the other kind
@@ -630,8 +635,8 @@ class KappaPolicy:
     @classmethod
     def adaptive(cls, costs: StepCosts, alpha_prior: float = 0.5) -> "KappaPolicy":
         """What `--kappa auto` runs: the calibrated costs as they are (no refit: see the chapter for the trap a refit
-        fell into), each request's live alpha, every step."""
-        return cls(costs, alpha_prior=alpha_prior)
+        fell into), each request's live alpha, one posterior standard deviation optimistic, every step."""
+        return cls(costs, alpha_prior=alpha_prior, optimism=1.0)
 
     def observe(self, num_positions: int, num_drafting: int, kappa: int, seconds: float) -> None:
         "A step's measured time (the engine calls this after every step); with `learn`, the costs move toward it."
@@ -641,7 +646,7 @@ class KappaPolicy:
     def choose(self, batch: list[RequestState], caps: list[int], num_context: int) -> list[int]:
         """Each request's kappa (at most its cap) for a step whose requests compute `num_context` positions besides
         their drafts."""
-        alphas = [live_alpha(r, self.alpha_prior, self.prior_strength) for r in batch]
+        alphas = [live_alpha(r, self.alpha_prior, self.prior_strength, self.optimism) for r in batch]
         plain_rate = len(batch) / self.costs.step_s(num_context, 0, 0)
         best, best_rate = (0, []), 0.0                 # the best plan in which someone drafts
         for K in range(1, max(caps, default=0) + 1):
@@ -1486,12 +1491,17 @@ def fit_step_costs(steps: Sequence[StepTime]) -> StepCosts:
     return StepCosts(*map(float, theta))
 
 def measure_step_costs(target: Llama, drafter: Any | None, kappa_max: int, batch_sizes: Sequence[int] = (1, 4, 16),
-                       steps: int = 6, prompt_len: int = 16, seed: int = 0) -> StepCosts:
+                       steps: int = 12, prompt_len: int = 16, seed: int = 0, fastest: int | None = None) -> StepCosts:
     """This machine's StepCosts, measured through a throwaway engine's own steps (host work included): for each batch
-    size and kappa in (0, 1, kappa_max), `steps` timed decode steps; the fastest step of each is fitted
-    (`fit_step_costs`; the fastest, as Chapter 9c's `step_seconds`: a busy machine only ever adds time). Build the
-    serving engine after this: the drafter binds to that engine's pool."""
-    check_engine_args(steps=steps, prompt_len=prompt_len, **{f"batch_size {b!r}": b for b in batch_sizes})
+    size and kappa in (0, 1, kappa_max), `steps` timed decode steps; the `fastest` of each cell (default: the fastest
+    half) are fitted (`fit_step_costs`). The fastest, because a busy machine only ever adds time; half, because the
+    one fastest step is the luckiest, and its luck differs from cell to cell. Build the serving engine after this: the
+    drafter binds to that engine's pool."""
+    fastest = max(1, steps // 2) if fastest is None else fastest
+    check_engine_args(steps=steps, prompt_len=prompt_len, fastest=fastest,
+                      **{f"batch_size {b!r}": b for b in batch_sizes})
+    if fastest > steps:
+        raise ValueError(f"fastest must be at most steps ({steps}), got {fastest}")
     if isinstance(kappa_max, bool) or not isinstance(kappa_max, int) or kappa_max < 0:
         raise ValueError(f"kappa_max must be an int >= 0, got {kappa_max!r}")
     kappas = sorted({0, 1, kappa_max}) if drafter is not None else [0]
@@ -1518,5 +1528,5 @@ def measure_step_costs(target: Llama, drafter: Any | None, kappa_max: int, batch
                 timed.append(eng.last_step)
             for req_id in eng.running_ids() + eng.waiting_ids():
                 eng.abort(req_id)
-            cells.append(min(timed, key=lambda s: s.seconds))
+            cells += sorted(timed, key=lambda s: s.seconds)[:fastest]
     return fit_step_costs(cells)

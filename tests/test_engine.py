@@ -234,9 +234,10 @@ def adaptive_costs(batch) -> StepCosts:
 
 
 class RecordingPolicy(KappaPolicy):
-    "The adaptive policy (exploring), recording every kappa it chooses into `chosen` (a Counter the test owns)."
+    """The adaptive policy (optimistic, as `KappaPolicy.adaptive`, and exploring), recording every kappa it chooses
+    into `chosen` (a Counter the test owns)."""
     def __init__(self, costs, chosen):
-        super().__init__(costs, alpha_prior=0.5, explore=0.1)        # a tenth of the steps explore, too
+        super().__init__(costs, alpha_prior=0.5, explore=0.1, optimism=1.0)   # a tenth of the steps explore, too
         object.__setattr__(self, "chosen", chosen)
 
     def choose(self, batch, caps, num_context):
@@ -287,14 +288,15 @@ ADAPTIVE = pytest.mark.xdist_group("engine-law-adaptive")
 @ADAPTIVE
 @pytest.mark.parametrize("temperature,top_k", GROUPS, ids=[f"T{t}-topk{k}" for t, k in GROUPS])
 def test_adaptive_policy_keeps_the_law(temperature, top_k):
-    """Issue 41: with the adaptive policy choosing each request's kappa per step from its live alpha, the batch and
-    the costs (kappa 0 and 2 chosen, varying within requests and across the batch; a tenth of the steps explore), and
-    the draft's stopping rule ending a run at a token it gave less than STOP_BELOW (so runs of 1 and 2 are verified), the first three tokens still follow the target's law
-    at level 1e-3 and the grid's power (TV_JOINT flagged w.p. 0.999)."""
+    """Issue 41: with the adaptive policy choosing each request's kappa per step from its live alpha (optimistic, as
+    `--kappa auto` plans), the batch and the costs (kappa 0 and two draft depths chosen, varying within requests and
+    across the batch; a tenth of the steps explore), and the draft's stopping rule ending a run at a token it gave less than
+    STOP_BELOW (so runs of 1 and 2 are verified), the first three tokens still follow the target's law at level 1e-3
+    and the grid's power (TV_JOINT flagged w.p. 0.999)."""
     s = GROUPS.index((temperature, top_k))
     counts, drafted, chosen = adaptive_counts(False, law_sizes())
     pval, df, flags = check_law(counts[s], law(temperature, top_k), law_sizes()[s])
-    assert drafted > 0 and {0, 2} <= set(chosen), chosen          # plain and drafting steps, mixed in batches
+    assert drafted > 0 and 0 in chosen and len(set(chosen) - {0}) >= 2, chosen   # plain and two draft depths, mixed
     assert drafted < sum(k * n for k, n in chosen.items()), "the stopping rule never cut a run short"
     assert flags <= TV_JOINT, "fewer samples than the stated power needs"
     assert pval > LEVEL, f"chi-square p = {pval:.2e} on {df} df (this test flags TV >= {flags:.3f})"
