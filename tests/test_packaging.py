@@ -1,10 +1,11 @@
-"""Packaging (issue 39): `pip install speclab` takes ranges, so it installs into a user's environment and keeps the
-torch and transformers already there; the exact versions CI runs live in constraints.txt, which the README's set-up
-command passes to pip.
+"""Packaging: `pip install speclab` takes ranges, so it installs into a user's environment and keeps the torch and
+transformers already there; the exact versions CI runs live in constraints.txt (written by tools/pins.py), which the
+README's set-up command passes to pip, and which must resolve with PyPI alone on every Python speclab claims.
 
-`python tests/test_packaging.py` rewrites constraints.txt from the running venv (after a deliberate upgrade).
+The tests marked `network` ask PyPI (the set-up a stranger's machine sees); everything else reads files.
 """
 import json
+import os
 import re
 import subprocess
 import sys
@@ -19,18 +20,23 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import pins  # noqa: E402  (tools/pins.py: writes constraints.txt; its stranger's environment for pip)
+
 CONSTRAINTS = ROOT / "constraints.txt"
 MATRIX = ROOT / "benchmarks" / "install_matrix.json"
 # newer releases break nbdev 2 (design.md): these stay exact in settings.ini's dev extra as well
 NBDEV_PINS = {"nbdev": "2.4.14", "fastcore": "1.14.5", "execnb": "0.1.18", "ghapi": "2.0.3"}
-HEADER = """\
-# The exact versions CI runs (`pip install -c constraints.txt -e ".[dev]"`, the README's set-up command): speclab's
-# requirements, its dev, docs and instructor extras and everything they pull in, as installed in CI's venv on
-# Python {python}. settings.ini holds the ranges a user's `pip install speclab` accepts. torch==X takes the CPU wheel
-# X+cpu where pip's configuration finds one (it sorts above PyPI's X, a CUDA build whose triton pin may conflict
-# with the triton below): elsewhere install PyTorch's CPU build of torch X first.
-# Regenerate after a deliberate upgrade: .venv/bin/python tests/test_packaging.py
-"""
+# The platforms speclab claims, as environment markers see them (PEP 508), for every claimed Python below.
+PLATFORMS = {
+    "linux-x86_64": dict(sys_platform="linux", platform_system="Linux", platform_machine="x86_64", os_name="posix"),
+    "macos-arm64": dict(sys_platform="darwin", platform_system="Darwin", platform_machine="arm64", os_name="posix"),
+    "windows-amd64": dict(sys_platform="win32", platform_system="Windows", platform_machine="AMD64", os_name="nt"),
+}
+# uv's names for the two platforms CI cannot run on (`uv pip compile --python-platform`)
+UV_PLATFORMS = {"macos-arm64": "aarch64-apple-darwin", "windows-amd64": "x86_64-pc-windows-msvc"}
+# Distributions only PyPI's CUDA build of torch pulls in: pinned (PyPI's torch pins them), absent beside a CPU torch.
+CUDA_ONLY = re.compile(r"^(nvidia-|cuda-)")
 
 
 def settings() -> dict:
@@ -44,8 +50,20 @@ def requirements(key: str = "requirements") -> list[Requirement]:
 
 
 def public(version: str) -> str:
-    "2.13.0+cpu -> 2.13.0: a constraint with a local label would match only this machine's wheel."
+    "2.13.0+cpu -> 2.13.0: a constraint with a local label would match only one build."
     return Version(version).public
+
+
+def marker_env(python: str, platform: str = "linux-x86_64") -> dict:
+    "The marker environment of CPython `python` (3.10, or 3.11.4: uv may fork at a patch) on PLATFORMS[platform]."
+    full = python if python.count(".") == 2 else f"{python}.0"
+    return {**default_environment(), **PLATFORMS[platform], "python_version": ".".join(full.split(".")[:2]),
+            "python_full_version": full, "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+
+
+def patch_releases(python: str) -> list[str]:
+    "The first and a late patch release of `python` (3.11 -> 3.11.0, 3.11.99): the pins must serve both."
+    return [f"{python}.0", f"{python}.99"]
 
 
 def closure(name: str = "speclab", extras: tuple = ("dev",)) -> dict:
@@ -72,22 +90,29 @@ def closure(name: str = "speclab", extras: tuple = ("dev",)) -> dict:
     return dict(sorted(found.items()))
 
 
-def read_constraints(path: Path = CONSTRAINTS) -> dict:
-    "{canonical name: version} of constraints.txt's `name==version` lines."
-    pins = {}
+def constraint_lines(path: Path = CONSTRAINTS) -> list[Requirement]:
+    "constraints.txt's lines: each an exact `name==version`, with or without an environment marker."
+    out = []
     for line in path.read_text(encoding="utf-8").splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
-            m = re.fullmatch(r"([A-Za-z0-9._-]+)==([^\s;,]+)", line)
-            assert m, f"constraints.txt: not a `name==version` line: {line!r}"
-            assert canonicalize_name(m[1]) not in pins, f"constraints.txt pins {m[1]} twice"
-            pins[canonicalize_name(m[1])] = m[2]
-    return pins
+            req = Requirement(line)
+            ops = [(s.operator, s.version) for s in req.specifier]
+            assert len(ops) == 1 and ops[0][0] == "==" and not req.extras, f"not an exact pin: {line!r}"
+            out.append(req)
+    return out
 
 
-def render_constraints() -> str:
-    python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    return HEADER.format(python=python) + "".join(f"{k}=={v}\n" for k, v in closure().items())
+def read_constraints(path: Path = CONSTRAINTS, env: dict | None = None) -> dict:
+    "{canonical name: version} of the pins that apply in `env` (default: this interpreter); each name at most once."
+    env = default_environment() if env is None else env
+    pins_here = {}
+    for req in constraint_lines(path):
+        if req.marker is None or req.marker.evaluate(env):
+            name = canonicalize_name(req.name)
+            assert name not in pins_here, f"constraints.txt pins {req.name} twice where {env['python_version']} runs"
+            pins_here[name] = next(iter(req.specifier)).version
+    return pins_here
 
 
 def wheel_requirements() -> list[str]:
@@ -175,40 +200,130 @@ def test_every_import_comes_with_the_library():
     assert "pydantic" in direct, "speclab.serve uses pydantic 2's API (model_dump, ConfigDict): declare pydantic>=2"
 
 
+def claimed_pythons() -> list[str]:
+    "The Python versions the wheel's classifiers claim (3.10, 3.11, ...)."
+    return [c.rsplit(" ", 1)[1] for c in SETUP["classifiers"]
+            if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)]
+
+
 def test_nbdev_trio_stays_exact():
     "nbdev 2.4.14 works only with these exact versions (design.md): the dev extra pins them, and so does CI."
     dev = {canonicalize_name(r.name): str(r.specifier) for r in requirements("dev_requirements")}
-    pins = read_constraints()
-    for name, version in NBDEV_PINS.items():
-        assert dev[name] == f"=={version}" and pins[name] == version, name
+    for python in [p for v in claimed_pythons() for p in patch_releases(v)]:
+        pinned = read_constraints(env=marker_env(python))
+        for name, version in NBDEV_PINS.items():
+            assert dev[name] == f"=={version}" and pinned[name] == version, (python, name)
 
 
 # ------------------------------------------------------------------------------------------------ constraints.txt
-def test_constraints_cover_every_requirement_inside_its_range():
-    "Every requirement of settings.ini (library and every extra) is pinned in constraints.txt at a version it allows."
-    pins = read_constraints()
-    for key in ("requirements", "dev_requirements", "docs_requirements", "instructor_requirements"):
-        for r in requirements(key):
-            name = canonicalize_name(r.name)
-            assert name in pins, f"{key}: {r} has no pin in constraints.txt"
-            assert r.specifier.contains(pins[name], prereleases=True), f"{key}: {r} excludes its pin {pins[name]}"
+@pytest.mark.parametrize("platform", sorted(PLATFORMS))
+def test_constraints_cover_every_requirement_inside_its_range(platform):
+    """On every claimed Python and platform, every requirement of settings.ini (library and every extra) that
+    applies there is pinned exactly once, at a version its range allows: pip has nothing left to choose."""
+    for python in [p for v in claimed_pythons() for p in patch_releases(v)]:
+        env = marker_env(python, platform)
+        pinned = read_constraints(env=env)
+        for key in ("requirements", "dev_requirements", "docs_requirements", "instructor_requirements"):
+            for r in requirements(key):
+                if r.marker is not None and not r.marker.evaluate(env):
+                    continue
+                name = canonicalize_name(r.name)
+                assert name in pinned, f"{python} {platform}: {key}: {r} has no pin in constraints.txt"
+                assert r.specifier.contains(pinned[name], prereleases=True), (
+                    f"{python} {platform}: {key}: {r} excludes its pin {pinned[name]}")
 
 
 def test_constraints_are_what_this_venv_runs():
     """constraints.txt pins exactly the distributions speclab[dev] pulls into this venv, at the installed versions:
-    CI installs with it, so a drift means CI tests versions nobody recorded (regenerate: see the module doc)."""
-    pins, here = read_constraints(), closure()
-    missing, extra = sorted(here.keys() - pins.keys()), sorted(pins.keys() - here.keys())
-    differ = {k: (pins[k], here[k]) for k in pins.keys() & here.keys() if pins[k] != here[k]}
+    CI installs with it, so a drift means CI tests versions nobody recorded. The only pins this venv may lack are
+    the CUDA libraries that PyPI's torch needs and a CPU build of torch does not."""
+    pinned, here = read_constraints(), closure()
+    missing = sorted(here.keys() - pinned.keys())
+    extra = sorted(k for k in pinned.keys() - here.keys() if not CUDA_ONLY.match(k))
+    differ = {k: (pinned[k], here[k]) for k in pinned.keys() & here.keys() if pinned[k] != here[k]}
     assert not missing and not extra and not differ, (
         f"constraints.txt is out of step with this venv: not pinned {missing}; pinned but not needed {extra}; "
-        f"pinned != installed {differ}. If the venv is right, run `.venv/bin/python tests/test_packaging.py`")
+        f"pinned != installed {differ}. Reinstall with the README's set-up command, or run tools/pins.py")
 
 
-def test_constraints_header_names_the_python():
-    "The pins resolve on the Python they were frozen on; the header says which, and it is this one."
-    first = CONSTRAINTS.read_text(encoding="utf-8").split("\n# Regenerate")[0]
-    assert f"on\n# Python {sys.version_info.major}.{sys.version_info.minor}." in first, first
+def test_constraints_header_says_how_to_regenerate():
+    "The file says what it is and how it is written; tools/pins.py writes the same header."
+    text = CONSTRAINTS.read_text(encoding="utf-8")
+    assert text.startswith(pins.HEADER.format(min_python=settings()["min_python"])), text[:400]
+    assert "tools/pins.py" in text.split("\n\n")[0]
+
+
+@pytest.mark.slow
+@pytest.mark.network
+def test_pins_script_writes_this_file():
+    """tools/pins.py, re-run against PyPI with the committed file as its preference, writes constraints.txt
+    unchanged: the file is the script's output, not a hand edit, and every pin in it still resolves."""
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "pins.py"), "--check"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+
+
+def readme_setup_pip_args() -> list[str]:
+    "The arguments of the README's set-up command's `pip install` (which .ci/run runs verbatim)."
+    import shlex
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = re.search(r"^## Two commands[ \t]*\n(.*?)(?=^## |\Z)", text, re.M | re.S).group(1)
+    setup = re.findall(r"^```sh[ \t]*\n(.*?)^```", section, re.M | re.S)[0].strip()
+    install = next(part for part in setup.split("&&") if "pip install" in part)
+    words = shlex.split(install)
+    return words[words.index("install") + 1:]
+
+
+@pytest.mark.slow
+@pytest.mark.network
+@pytest.mark.parametrize("python", ["3.10", "3.11", "3.12", "3.13"])
+def test_setup_resolves_with_pypi_alone(python, tmp_path):
+    """The README's set-up command, as a stranger's machine runs it: a fresh venv of this Python, its own pip,
+    `--isolated`, no configuration file and PyPI as the only index, resolved with `--dry-run`. A resolver error
+    fails the test with pip's own message. Everything pip would install comes from PyPI, and torch is PyPI's."""
+    if python not in claimed_pythons():
+        pytest.skip(f"speclab does not claim Python {python}")
+    exe = pins.find_python(python)
+    if exe is None:
+        pytest.skip(f"no Python {python} on this machine")
+    venv = tmp_path / "venv"
+    subprocess.run([exe, "-m", "venv", str(venv)], check=True, timeout=300)
+    report = tmp_path / "report.json"
+    cmd = [str(venv / "bin" / "pip"), "install", "--isolated", "--dry-run", "--quiet", "--report", str(report),
+           *readme_setup_pip_args()]
+    r = subprocess.run(cmd, cwd=ROOT, env=pins.pypi_only_env(), capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, f"Python {python}: the README's set-up does not resolve with PyPI alone:\n{r.stderr}"
+    data = json.loads(report.read_text())
+    got = {canonicalize_name(i["metadata"]["name"]): i for i in data["install"]}
+    local = [n for n, i in got.items() if n != "speclab" and not i["download_info"]["url"].startswith("https://")]
+    assert not local, f"Python {python}: from outside PyPI: {local}"
+    pinned = read_constraints(env=data["environment"])
+    assert got["torch"]["metadata"]["version"] == pinned["torch"], got["torch"]["metadata"]["version"]
+    differ = {n: (i["metadata"]["version"], pinned.get(n)) for n, i in got.items()
+              if n != "speclab" and public(i["metadata"]["version"]) != pinned.get(n)}
+    assert not differ, f"Python {python}: pip would install versions constraints.txt does not pin: {differ}"
+
+
+@pytest.mark.slow
+@pytest.mark.network
+@pytest.mark.parametrize("platform", sorted(UV_PLATFORMS))
+def test_setup_resolves_for_macos_and_windows(platform, tmp_path):
+    """macOS on Apple silicon and Windows cannot run here, but their resolution can: uv resolves speclab[dev] with
+    the constraints for each claimed Python on that platform, wheels only, markers evaluated for that platform
+    (pip's `--platform` evaluates markers for the machine it runs on). The result must be the pins themselves."""
+    for python in claimed_pythons():
+        out = tmp_path / f"{python}.txt"
+        cmd = pins.uv_command() + ["pip", "compile", "pyproject.toml", "--extra", "dev", "-c", str(CONSTRAINTS),
+                                   "--python-platform", UV_PLATFORMS[platform], "--python-version", python,
+                                   "--only-binary", ":all:", "--no-config", "--no-python-downloads", "--index-url",
+                                   pins.PYPI, "--no-annotate", "--no-header", "-o", str(out)]
+        env = {**pins.clean_env(), "MACOSX_DEPLOYMENT_TARGET": "14.0"}   # Apple silicon's torch wheels: macOS 14
+        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, f"{platform}, Python {python}: does not resolve:\n{r.stderr[-4000:]}"
+        pinned = read_constraints(env=marker_env(python, platform))
+        got = {canonicalize_name(q.name): next(iter(q.specifier)).version for q in constraint_lines(out)}
+        differ = {n: (v, pinned.get(n)) for n, v in got.items() if pinned.get(n) != v}
+        assert not differ, f"{platform}, Python {python}: resolved outside the pins: {differ}"
 
 
 # ------------------------------------------------------------------------------------------------ Python versions
