@@ -73,6 +73,30 @@ def test_gpu_commands_parse(line):
     assert args.device == "cuda" and args.draft, args
 
 
+# What holds only on the machine a course was built on: its folders, its pip set-up, "this machine".
+BUILD_MACHINE = re.compile(r"(/opt/|/root/|/etc/|/work/|/tmp/|\.pyenv|find-links|pip\.conf|this machine|"
+                           r"course's (faster |slower )?[\w-]* ?machine)", re.I)
+
+
+def test_readme_speaks_of_no_build_machine():
+    """A newcomer's README: no local path, pip configuration or "this machine" in its prose (program output, which
+    speaks of the machine it runs on, is left alone); that detail lives on the maintainers' page."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    found = sorted({m.group(0) for m in BUILD_MACHINE.finditer(prose)})
+    assert not found, f"the README speaks of the machine it was built on: {found}"
+
+
+def test_readme_first_screen():
+    """The first sections are what a newcomer needs, in order: what speclab is, the two commands (Python 3.10 to
+    3.13, and the CPU-only path), what the demo prints, where to go next."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    heads = re.findall(r"^#{2,3} (.*)$", text, re.M)
+    assert heads[:3] == ["Two commands", "What the main job prints", "Where to go next"], heads[:4]
+    two = text.split("## Two commands", 1)[1].split("### ", 1)[0]
+    assert "3.10, 3.11, 3.12 or 3.13" in two and "download.pytorch.org/whl/cpu" in two, two
+
+
 def test_chapter_table_matches_the_notebooks():
     "Each chapter's README row is its notebook's title and one-line description (the module docstring too)."
     text = (ROOT / "README.md").read_text(encoding="utf-8")
