@@ -277,6 +277,7 @@ def constraints_dry_run(venv: Path, wheel: Path, cache: Path, cwd: Path) -> dict
 
 def recheck_constraints(result: dict, work: Path) -> None:
     "Rerun each fresh row's constraints dry-run (in a bare venv of its Python) and store it in the row."
+    result["constraints_date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     wheel = work / "dist" / result["wheel"]
     if not wheel.exists():
         wheel = build_wheel(work)
@@ -442,6 +443,9 @@ def pip_caps(config: list) -> str:
 def render(result: dict, out: Path) -> None:
     "benchmarks/install_matrix.md: date, machine, pip, the command, the table, and what each column means."
     rows = result["rows"]
+    checked = ""
+    if "constraints_date" in result:
+        checked = f", rerun on {result['constraints_date']} (`--recheck-constraints`)"
     body = f"""# Install matrix
 
 Written by `benchmarks/install_matrix.py` (issue 39) from `benchmarks/install_matrix.json`; rerun it to refresh.
@@ -473,7 +477,7 @@ Written by `benchmarks/install_matrix.py` (issue 39) from `benchmarks/install_ma
   same greedy tokens as `--backend torch`.
 - *speclab serve*: a greedy completion over HTTP gives `speclab generate`'s text, and `speclab.remote` (httpx)
   reads the model and the spec-decode counters from /metrics.
-- *-c constraints.txt*: `pip install --dry-run -c constraints.txt` of the wheel (the pins CI runs).
+- *-c constraints.txt*: `pip install --dry-run -c constraints.txt` of the wheel (the pins CI runs){checked}.
 - Rows: `fresh` is an empty venv; `torch-kept` a venv that held torch 2.13.0+cpu before the wheel went in (kept:
   same version and file, nothing of torch fetched); `floor` holds every requirement to the minor release of its
   lower bound (torch to 2.13: see the script's doc).

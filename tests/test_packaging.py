@@ -389,6 +389,37 @@ def test_matrix_ran_the_lower_bounds():
         assert name in got and Version(got[name]).release[:2] == Version(series).release[:2], (r, got.get(name))
 
 
+FRESH = ROOT / "benchmarks" / "fresh_setup.json"
+
+
+def fresh_rows() -> dict:
+    if not FRESH.exists():
+        pytest.fail(f"{FRESH.relative_to(ROOT)} is missing: run benchmarks/fresh_setup.py")
+    return {r["row"]: r for r in json.loads(FRESH.read_text(encoding="utf-8"))["rows"]}
+
+
+def test_two_commands_ran_end_to_end_with_pypi_alone():
+    """The README's claim, measured (benchmarks/fresh_setup.py): on Python 3.12, a fresh clone, PyPI alone, the
+    set-up command installed PyPI's CUDA torch and the demo printed its speedup with greedy outputs identical, and
+    the test command passed, skipping only what it names."""
+    row = fresh_rows().get("3.12:pypi")
+    assert row is not None and "error" not in row, row
+    assert row["phases"]["setup"]["rc"] == 0 and row["phases"]["tests"]["rc"] == 0, row["phases"]
+    assert row["torch"]["cuda"] is not None and row["phases"]["setup"]["downloaded_bytes"] > 1e9, row["torch"]
+    assert row["demo_line"] and "speedup" in row["demo_line"], row.get("demo_line")
+    assert re.search(r"\d+ passed", row["pytest"]) and " failed" not in row["pytest"], row["pytest"]
+
+
+def test_cpu_build_first_is_kept():
+    """The README's CPU-only path, measured: with PyTorch's CPU build in the venv first, the set-up command kept it
+    (the same version, no CUDA) and fetched no torch, and the demo ran."""
+    row = fresh_rows().get("3.11:cpu-first")
+    assert row is not None and "error" not in row, row
+    assert row["phases"]["setup"]["rc"] == 0 and row["demo_line"], row["phases"]["setup"]["tail"]
+    assert row["torch_before"] == row["torch"] and row["torch"]["cuda"] is None, (row["torch_before"], row["torch"])
+    assert row["phases"]["setup"]["downloaded_bytes"] < 1e9, row["phases"]["setup"]["downloaded_bytes"]
+
+
 # ------------------------------------------------------------------------------------------------ the README
 def test_readme_setup_command_uses_the_constraints():
     "The README's set-up command (which .ci/run runs verbatim) installs with `-c constraints.txt`."
