@@ -4,7 +4,7 @@
 Each row makes a fresh clone of the committed tree and runs the README's two commands verbatim (read from README.md
 the way .ci/run reads them), with pip seeing PyPI alone: no configuration file (PIP_CONFIG_FILE=/dev/null, which
 skips the global files that `--isolated` still reads), no PIP_ variable, and a private, empty cache, so every wheel
-is downloaded. `python3` is the row's Python (a `python3` link first on PATH). Rows, as PYTHON:KIND:
+is downloaded. `python3` is the row's Python (its own bin folder first on PATH). Rows, as PYTHON:KIND:
 
 - `3.12:pypi`: nothing installed first. On Linux, PyPI's torch is its CUDA build, with its nvidia-* libraries.
 - `3.11:cpu-first`: PyTorch's CPU build first, as the README says for machines without a GPU (`pip install torch
@@ -93,12 +93,13 @@ def one_row(spec: str, work: Path, cpu_wheel: Path | None, tests: bool) -> dict:
     exe = pins.find_python(version)
     if exe is None:
         return {"row": spec, "error": f"no Python {version} here"}
+    bin_dir = Path(exe).resolve().parent        # a real folder: the venv's `home` must outlive this run's files
+    if not (bin_dir / "python3").exists():
+        return {"row": spec, "error": f"no python3 beside {exe}"}
     row_dir = work / spec.replace(":", "-")
     shutil.rmtree(row_dir, ignore_errors=True)
-    bin_dir, clone, logs = row_dir / "bin", row_dir / "speclab", row_dir / "logs"
-    for d in (bin_dir, logs):
-        d.mkdir(parents=True)
-    (bin_dir / "python3").symlink_to(exe)
+    clone, logs = row_dir / "speclab", row_dir / "logs"
+    logs.mkdir(parents=True)
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
     env = pins.pypi_only_env()
     env.update(PATH=f"{bin_dir}:{env['PATH']}", PIP_CACHE_DIR=str(row_dir / "pip-cache"))
