@@ -7,12 +7,12 @@ __all__ = ['SAMPLING_EPS', 'REPETITION_MIN', 'REPETITION_MAX', 'TOP_K_ALL', 'WAI
            'DEFAULT_KV_BYTES', 'GPU_KV_FRACTION', 'DRAFT_SALT', 'SamplingParams', 'check_processor_fields', 'Output',
            'RequestState', 'StepOutput', 'ngram_propose', 'NgramDrafter', 'processor_rows', 'bad_word_rows',
            'take_rows', 'grow_history', 'batch_processors', 'request_probs', 'sample_plain', 'check_confidence',
-           'keep_drafting', 'ModelDrafter', 'kappa_for_batch', 'check_schedule', 'StepCosts', 'live_alpha', 'CostFit',
-           'KappaPolicy', 'check_engine_args', 'EngineConfig', 'block_bytes', 'kv_bytes', 'StepPlan', 'StepTime',
-           'Proposal', 'no_token_error', 'Scheduler', 'cycle_collector_paused', 'check_pair', 'check_batch',
-           'SchedulerStats', 'SpecDecoder', 'check_first_row', 'InputProcessor', 'fed_parents', 'tree_node_probs',
-           'root_paths', 'walk_tree', 'ModelRunner', 'prompt_logprobs', 'emitted_logprobs', 'calibration_prompts',
-           'fit_step_costs', 'measure_step_costs']
+           'keep_drafting', 'ModelDrafter', 'kappa_for_batch', 'check_schedule', 'StepCosts', 'seeded_kappas',
+           'live_alpha', 'CostFit', 'KappaPolicy', 'check_engine_args', 'EngineConfig', 'block_bytes', 'kv_bytes',
+           'StepPlan', 'StepTime', 'Proposal', 'no_token_error', 'Scheduler', 'cycle_collector_paused', 'check_pair',
+           'check_batch', 'SchedulerStats', 'SpecDecoder', 'check_first_row', 'InputProcessor', 'fed_parents',
+           'tree_node_probs', 'root_paths', 'walk_tree', 'ModelRunner', 'prompt_logprobs', 'emitted_logprobs',
+           'calibration_prompts', 'fit_step_costs', 'measure_step_costs']
 
 # %% ../nbs/08_engine.ipynb #fba7d837
 import copy
@@ -558,6 +558,13 @@ class StepCosts:
         "The smallest batch at which speculation stops paying on these costs (None: it pays up to max_batch)."
         return next((b for b in range(1, max_batch + 1) if self.best_kappa(b, alpha, kappa_max) == 0), None)
 
+def seeded_kappas(batch: list[RequestState], caps: list[int]) -> dict[int, int]:
+    """{index: kappa} of the batch's seeded requests: each drafts its cap. How many tokens a step drafts decides how
+    many draws a request's generators make, and in what order; a kappa chosen from the batch or the measured costs
+    would make a seeded request's output depend on its neighbours and on the machine's load. Its cap depends on
+    nothing but its own request (its kappa, its tokens and context left), so its output is a function of its seed."""
+    return {i: c for i, (r, c) in enumerate(zip(batch, caps)) if r.params.seed is not None}
+
 def live_alpha(r: RequestState, prior: float, strength: float, optimism: float = 0.0) -> float:
     """r's acceptance rate under Chapter 9's i.i.d. model, fitted to its own steps so far: accepted drafts are
     successes, steps that rejected one are failures, with a Beta prior of mean `prior` worth `strength` drafts. With
@@ -645,19 +652,25 @@ class KappaPolicy:
 
     def choose(self, batch: list[RequestState], caps: list[int], num_context: int) -> list[int]:
         """Each request's kappa (at most its cap) for a step whose requests compute `num_context` positions besides
-        their drafts."""
+        their drafts. A seeded request drafts its cap whatever the batch and the costs (`seeded_kappas`); the others
+        are planned around it."""
         alphas = [live_alpha(r, self.alpha_prior, self.prior_strength, self.optimism) for r in batch]
-        plain_rate = len(batch) / self.costs.step_s(num_context, 0, 0)
-        best, best_rate = (0, []), 0.0                 # the best plan in which someone drafts
-        for K in range(1, max(caps, default=0) + 1):
-            ks = [min(K, c) for c in caps]
+        fixed = seeded_kappas(batch, caps)
+        free = [0 if i in fixed else c for i, c in enumerate(caps)]
+        tokens0 = len(batch) + sum(sum(alphas[i] ** j for j in range(1, k + 1)) for i, k in fixed.items())
+        positions0, drafting0 = num_context + sum(fixed.values()), sum(k > 0 for k in fixed.values())
+        deepest0 = max(fixed.values(), default=0)
+        plain_rate = tokens0 / self.costs.step_s(positions0, drafting0, deepest0)
+        best, best_rate = (0, []), 0.0                 # the best plan in which someone free drafts
+        for K in range(1, max(free, default=0) + 1):
+            ks = [min(K, c) for c in free]
             gains = {i: sum(alphas[i] ** j for j in range(1, ks[i] + 1)) for i in range(len(batch)) if ks[i]}   # E - 1
             order = sorted(gains, key=lambda i: gains[i] / ks[i], reverse=True)   # tokens per position first
-            tokens, positions = len(batch), num_context
+            tokens, positions = tokens0, positions0
             for m, i in enumerate(order, 1):
                 tokens += gains[i]
                 positions += ks[i]
-                rate = tokens / self.costs.step_s(positions, m, K)
+                rate = tokens / self.costs.step_s(positions, drafting0 + m, max(K, deepest0))
                 if rate > best_rate:
                     best, best_rate = (K, order[:m]), rate
         drafts = best_rate > plain_rate
@@ -668,7 +681,7 @@ class KappaPolicy:
             drafts = not drafts
         K, drafting = best if drafts else (0, [])
         chosen = set(drafting)
-        return [min(K, c) if i in chosen else 0 for i, c in enumerate(caps)]
+        return [fixed[i] if i in fixed else min(K, c) if i in chosen else 0 for i, c in enumerate(caps)]
 
 # %% ../nbs/08_engine.ipynb #c0nf1g02
 DEFAULT_KV_BYTES = 256 * 2 ** 20      # the K/V memory of a pool whose num_blocks is not given (on a CPU)
@@ -892,7 +905,8 @@ class Scheduler:
         batch = list(self.running.values())
         k = kappa_for_batch(self.config.kappa, len(batch)) if self.config.kappa_max else 0
         lookaheads = [self.lookahead(r) for r in batch]
-        kappas = [min(k, n) for n in lookaheads]
+        # a seeded request's cap ignores the batch size (a schedule's kappa would not): its draws must not depend on it
+        kappas = [min(self.config.kappa_max if r.params.seed is not None else k, n) for r, n in zip(batch, lookaheads)]
         plan = [steps[r.req_id] for r in batch]
         num_context = sum(len(s.positions) for s in plan) - sum(lookaheads)
         if self.policy is not None and any(kappas):            # the caps, then the costs decide
@@ -1312,6 +1326,9 @@ def walk_tree(tokens: list[int], parents: list[int], probs: torch.Tensor, empty:
     """One request's tree walk (Chapter 3's `tree_verify`, target-only: exact for top-k children): the accepted
     nodes and the emitted tokens. A greedy request draws no coin; a row the processors emptied ends it there."""
     n = len(tokens)
+    if n == 1:                                   # no drafts: plain decoding's own draw, so that a seeded request
+        token = int(draw_tokens(probs[:1], [greedy], [gen], check=False)[0])   # draws alike in any batch
+        return [], [NO_VALID_TOKEN_ID if bool(empty[0]) else token]
     coins = [0.5] * (n + 1) if greedy else torch.rand(n + 1, generator=gen, dtype=torch.float64).tolist()
     emitted = tree_verify(tokens, parents, probs, coins[:n], coins[n])
     kids, node, path = tree_children(parents), 0, []
