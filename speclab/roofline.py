@@ -234,8 +234,9 @@ class SpecMetrics:
 
     @property
     def per_position(self) -> list[float]:
-        "vLLM's acceptance_rates: accepted at position i / number of drafts, so E = 1 + sum(per_position)."
-        return [a / self.num_drafts for a in self.accepted_per_pos]
+        """vLLM's acceptance_rates: accepted at position i / number of drafts, so E = 1 + sum(per_position). Counters
+        that saw no draft (a delta over plain steps) give zeros, so that E = 1 still holds."""
+        return [a / self.num_drafts if self.num_drafts else 0.0 for a in self.accepted_per_pos]
 
     def log_line(self) -> str:
         "The counters as vLLM's periodic 'SpecDecoding metrics' log line."

@@ -25,6 +25,7 @@ import sys
 import time
 import uuid
 import zipfile
+import urllib.request
 from configparser import ConfigParser
 from importlib.metadata import version
 from pathlib import Path
@@ -62,6 +63,23 @@ def course_pins() -> dict:
 
 
 TORCH = version("torch").split("+")[0]          # the torch speclab runs with here, less its +cpu label
+
+
+def cpu_torch_source() -> str | None:
+    """Where setup.sh would find PyTorch's CPU build of TORCH for this Python: a find-links folder of pip's
+    configuration (or PIP_FIND_LINKS) holding its wheel, or PyTorch's CPU index if it answers; None if neither, as on
+    a machine that reaches PyPI alone (PyPI's Linux torch is the CUDA build, which setup.sh never installs)."""
+    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    folders = " ".join(re.findall(r"find-links='([^']*)'", listed) + [os.environ.get("PIP_FIND_LINKS", "")])
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    for folder in folders.split():
+        if any(Path(folder).glob(f"torch-{TORCH}+cpu-{tag}-*.whl")):
+            return folder
+    try:
+        urllib.request.urlopen(f"{CPU_INDEX}/torch/", timeout=15).close()
+        return CPU_INDEX
+    except OSError:
+        return None
 
 
 def files_under(folder: Path) -> list:
@@ -262,6 +280,9 @@ def image(bundles, tmp_path_factory):
         pytest.skip(f"needs root and the sandbox: {PROBLEM or 'not root'}")
     if Path("/autograder").exists() and any(Path("/autograder").iterdir()):
         pytest.skip("/autograder exists and is not empty (a real Gradescope container?)")
+    if cpu_torch_source() is None:
+        pytest.skip(f"setup.sh installs PyTorch's CPU build of torch {TORCH}: {CPU_INDEX} cannot be reached from here "
+                    "and pip's configuration names no folder that holds its wheel")
     Path("/autograder").mkdir(exist_ok=True)                 # an empty mount point; the bundles go in namespaces
     shared = tmp_path_factory.getbasetemp()
     shared = shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
