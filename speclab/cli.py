@@ -4,16 +4,19 @@
 
 # %% auto #0
 __all__ = ['ROOFLINE_ROWS', 'DTYPES', 'SHIPPED', 'FLAGS', 'METHODS', 'SPEC_KEYS', 'SPECLAB_KEYS', 'TREE_KEYS', 'AUTO_KAPPA_MAX',
-           'DEMO_PROMPTS', 'DEMO_STOP', 'KAPPA_0', 'AT_LEAST_1', 'UsageError', 'Parser', 'one_line', 'user_input',
-           'check_device', 'cmd_proof', 'roofline_cell', 'cmd_roofline', 'cmd_train_toy', 'cmd_train_eagle',
-           'resolve_checkpoint', 'sampling_params', 'load_decoder', 'cmd_generate', 'kappa_arg', 'speculative_config',
-           'drafting', 'kappa_plan', 'calibration_line', 'tree_flag', 'tree_plan', 'check_tree_kappa', 'fixed_tree',
-           'available_cores', 'idle_cores', 'demo_threads', 'time_demo', 'drafter_words', 'training_minutes',
-           'cmd_demo', 'kappa_words', 'cmd_sweep', 'cmd_grade', 'serve_threads', 'cmd_serve', 'read_prompts',
-           'cmd_audit', 'build_parser', 'check_args', 'main']
+           'DEMO_PROMPTS', 'DEMO_STOP', 'BEFORE_LOADING', 'KAPPA_0', 'AT_LEAST_1', 'UsageError', 'Parser', 'one_line',
+           'user_input', 'check_device', 'cmd_proof', 'roofline_cell', 'cmd_roofline', 'cmd_train_toy',
+           'cmd_train_eagle', 'resolve_checkpoint', 'sampling_params', 'load_decoder', 'cmd_generate', 'kappa_arg',
+           'speculative_config', 'drafting', 'kappa_plan', 'calibration_line', 'tree_flag', 'tree_plan',
+           'check_tree_kappa', 'fixed_tree', 'available_cores', 'idle_cores', 'demo_threads', 'time_demo',
+           'drafter_words', 'training_minutes', 'cmd_demo', 'kappa_words', 'cmd_sweep', 'cmd_grade', 'serve_threads',
+           'cmd_serve', 'read_prompts', 'cmd_audit', 'build_parser', 'prompt_sources', 'checkpoint_args',
+           'check_prompts', 'check_calibration', 'check_draft', 'check_models', 'check_generate', 'check_demo',
+           'check_serve', 'check_sweep_fits', 'check_before_loading', 'check_args', 'main']
 
 # %% ../nbs/90_cli.ipynb #92d8e588
 import argparse
+import inspect
 import json
 import math
 import os
@@ -196,13 +199,6 @@ def load_decoder(target: str, draft: str | None = None, ngram: int | None = None
                       enable_prefix_caching=prefix_caching, policy=policy)
     return eng, tok
 
-def _read_prompts(args) -> list:
-    "The prompts of a `generate` command line (`\\n` in them means a newline)."
-    if args.prompts:
-        lines = Path(args.prompts).read_text(encoding="utf-8").splitlines()
-        return [line.replace("\\n", "\n") for line in lines if line.strip()]
-    return [p.replace("\\n", "\n") for p in args.prompt]
-
 def _metrics_json(m) -> dict:
     "vLLM's counters of a run, as plain numbers."
     return dict(num_drafts=m.num_drafts, num_draft_tokens=m.num_draft_tokens, num_accepted_tokens=m.num_accepted_tokens,
@@ -214,9 +210,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     so does the calibration of `--kappa auto` (stdout stays the completions, or the JSON)."""
     params = sampling_params(args)
     with user_input("generate"):
-        prompts = _read_prompts(args)
-        if not prompts:
-            raise ValueError(f"--prompts {args.prompts}: the file holds no prompt")
+        prompts = [prompt for _, prompt in prompt_sources(args)]        # each checked already (`check_generate`)
         draft, ngram, num_spec = drafting(args)
         kappa, kappa_max, confidence = kappa_plan(args, num_spec, ngram)
         eng, _ = load_decoder(args.target, draft, ngram, kappa, args.dtype, args.device, args.backend,
@@ -293,7 +287,7 @@ def speculative_config(text: str) -> dict:
     if config.get("prompt_lookup_min", 1) != 1:         # vLLM's default is prompt_lookup_max: say what speclab does
         raise argparse.ArgumentTypeError(f"prompt_lookup_min must be 1: speclab looks n-grams up from "
                                          f"prompt_lookup_max down to 1, got {config['prompt_lookup_min']!r}")
-    if "model" in config and not isinstance(config["model"], str):
+    if "model" in config and (not isinstance(config["model"], str) or not config["model"]):
         raise argparse.ArgumentTypeError(f"model must be a folder or a shipped name, got {config['model']!r}")
     return config
 
@@ -990,6 +984,155 @@ def build_parser() -> Parser:
     eagle.set_defaults(func=cmd_train_eagle)
     return parser
 
+# %% ../nbs/90_cli.ipynb #b4f0e002
+def prompt_sources(args: argparse.Namespace) -> list[tuple[str, str]]:
+    "(where, prompt) per prompt of `generate`, `\\n` read as a newline: where is `--prompt 2` or `--prompts F line 5`."
+    if not args.prompts:
+        return [(f"--prompt {i}", p.replace("\\n", "\n")) for i, p in enumerate(args.prompt, 1)]
+    try:
+        lines = Path(args.prompts).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--prompts {args.prompts} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    return [(f"--prompts {args.prompts} line {i}", line.replace("\\n", "\n"))
+            for i, line in enumerate(lines, 1) if line.strip()]
+
+def checkpoint_args(folder: str | Path) -> Any:  # a speclab.model.LlamaArgs
+    "A checkpoint's shape and context from its config.json alone (no weights read); the error names a missing file."
+    from speclab.model import LlamaArgs
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint file not found: {path}")
+    return LlamaArgs.from_config(json.loads(path.read_text()), name=Path(folder).name)
+
+def check_prompts(sources: Sequence[tuple[str, str]], params: Any, tok: Any, model: Any,
+                  fail: Callable[[str], NoReturn]) -> None:
+    """Each (where, prompt) holds a token of the target's tokenizer and fits its context beside --max-tokens; then the
+    engine's own `InputProcessor` (on the config's context and vocabulary, no model) checks it as a request."""
+    from speclab.engine import EngineConfig, InputProcessor
+    context, m = model.max_position_embeddings or math.inf, params.max_tokens
+    if m >= context:
+        fail(f"--max-tokens {m} exceeds the context of {context} positions: no room for a prompt")
+    processor = InputProcessor(EngineConfig(kappa=0, context=context), model.vocab_size, tok, None)
+    for where, prompt in sources:
+        ids = tok(prompt, verbose=False)["input_ids"]            # verbose=False: no warning line about the length
+        if not ids:
+            fail(f"{where} is empty: a prompt must hold at least one token")
+        if len(ids) + m > context:
+            fail(f"{where} ({len(ids)} tokens) + --max-tokens {m} exceeds the context of {context} positions")
+        try:
+            processor.prompt_ids(ids, params)
+        except (ValueError, TypeError) as e:
+            fail(f"{where}: {one_line(e)}")
+
+def check_calibration(cap: int, model: Any, fail: Callable[[str], NoReturn]) -> None:
+    "--kappa auto times requests of (steps + 2)(cap + 1) new tokens (Chapter 8's `measure_step_costs`): they must fit."
+    from speclab.engine import measure_step_costs
+    steps = inspect.signature(measure_step_costs).parameters["steps"].default
+    need, context = (steps + 2) * (cap + 1), model.max_position_embeddings or math.inf
+    if need >= context:
+        fail(f"--kappa auto up to {cap} speculative tokens: its calibration decodes {need} tokens a request, more than "
+             f"the target's context of {context} positions holds; give fewer, or a fixed --kappa")
+
+def check_draft(draft: str, target: Any, fail: Callable[[str], NoReturn]) -> None:
+    "A draft model's config and tokenizer, without its weights: its vocabulary must be the target's. A head passes."
+    from speclab.eagle import is_eagle_head
+    from speclab.model import load_tokenizer
+    folder = resolve_checkpoint(draft, "draft")
+    if is_eagle_head(folder):
+        return
+    vocab = checkpoint_args(folder).vocab_size
+    load_tokenizer(folder)
+    if vocab != target.vocab_size:
+        fail(f"the draft's vocabulary ({vocab}) differs from the target's ({target.vocab_size}): draft with a model "
+             "that shares the target's tokenizer")
+
+def check_models(target: str, draft: str | None, cap: int, calibrate: bool,
+                 fail: Callable[[str], NoReturn]) -> tuple[Any, Any]:
+    """(tokenizer, LlamaArgs) of the target, read without its weights; beside it, the draft model (when one drafts) and
+    room in the context for --kappa auto's calibration (when `calibrate`)."""
+    from speclab.model import load_tokenizer
+    folder = resolve_checkpoint(target, "target")
+    tok, model = load_tokenizer(folder), checkpoint_args(folder)
+    if cap and draft is not None:
+        check_draft(draft, model, fail)
+    if cap and calibrate:
+        check_calibration(cap, model, fail)
+    return tok, model
+
+# %% ../nbs/90_cli.ipynb #b4f0e003
+def _cap(kappa: int | str, kappa_max: int | None) -> int:
+    "The most drafts a step may plan (speclab.serve's `kappa_cap`, without importing the server)."
+    return (AUTO_KAPPA_MAX if kappa_max is None else kappa_max) if kappa == "auto" else kappa
+
+def check_generate(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> None:
+    "`generate` before any weights: sampling flags, how to draft, the device, both checkpoints, every prompt."
+    params = sampling_params(args)
+    draft, ngram, num_spec = drafting(args)
+    kappa, kappa_max, _ = kappa_plan(args, num_spec, ngram)
+    trees = [key for key in ("speculative_token_tree", *TREE_KEYS) if key in (args.speculative_config or {})]
+    if trees:
+        fail(f"{', '.join(trees)} in --speculative-config: generate drafts chains (token trees: `speclab serve`)")
+    check_device(args.device, args.backend)
+    sources = prompt_sources(args)
+    if not sources:
+        fail(f"--prompts {args.prompts}: the file holds no prompt")
+    tok, model = check_models(args.target, draft, _cap(kappa, kappa_max), kappa == "auto", fail)
+    check_prompts(sources, params, tok, model, fail)
+
+def check_demo(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> None:
+    "`demo` before any weights: sampling flags, how to draft, the device, and its six prompts beside --max-tokens."
+    params = sampling_params(args, stop=(DEMO_STOP,))
+    draft, ngram, num_spec = drafting(args)
+    kappa, kappa_max, _ = kappa_plan(args, num_spec, ngram)
+    check_device(args.device, args.backend)
+    tok, model = check_models("tiny", draft, _cap(kappa, kappa_max), kappa == "auto", fail)
+    check_prompts([(f"the demo's prompt {i}", p) for i, p in enumerate(DEMO_PROMPTS, 1)], params, tok, model, fail)
+
+def _check_tree(tree: dict, draft: str, model: Any, fail: Callable[[str], NoReturn]) -> None:
+    "A tree its drafter can grow: a fixed shape needs a draft model, and no node has more children than tokens."
+    from speclab.eagle import is_eagle_head
+    from speclab.serve import check_tree
+    topk, _, _, shape = check_tree(tree)
+    if shape is not None and is_eagle_head(resolve_checkpoint(draft, "draft")):
+        fail("an EAGLE head drafts EAGLE-2 trees (topk, num_steps, num_draft_tokens), not a fixed "
+             "speculative_token_tree")
+    if topk > model.vocab_size:
+        fail(f"{tree_flag('topk')} {topk}: more children a node than the target's vocabulary of {model.vocab_size}")
+
+def check_serve(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> None:
+    "`serve` before any weights: how to draft, the tree, the device, both checkpoints, and the address to listen on."
+    from speclab.serve import bind_socket
+    draft, ngram, num_spec = drafting(args)
+    tree = tree_plan(args)
+    kappa, kappa_max, _ = kappa_plan(args, num_spec, ngram)
+    plain = _cap(kappa, kappa_max) == 0 or (draft or "").lower() == "none"
+    if tree is not None and plain:
+        fail("a tree needs a drafter, and --draft none (or a kappa of 0) decodes plainly: drop one or the other")
+    check_device(args.device)
+    drafts = None if plain or ngram else draft
+    _, model = check_models(args.target, drafts, _cap(kappa, kappa_max), kappa == "auto" and not tree, fail)
+    if tree is not None and drafts is not None:
+        _check_tree(tree, drafts, model, fail)
+    bind_socket(args.host, args.port).close()       # a bad host or a port in use, before the models load
+
+def check_sweep_fits(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> None:
+    "The local sweep's requests fit the shipped target's context: a prompt, --output-len, one step's drafts + bonus."
+    from speclab.sweep import sweep_prompts
+    from speclab.train import tiny_pair_path
+    context = checkpoint_args(tiny_pair_path("target")).max_position_embeddings or math.inf
+    prompt = len(sweep_prompts(1)[0])
+    if prompt + args.output_len + args.num_spec_tokens + 1 > context:
+        fail(f"--output-len {args.output_len} and --num-spec-tokens {args.num_spec_tokens} do not fit the shipped "
+             f"target's context of {context} positions beside a prompt of {prompt} tokens and the bonus token")
+
+BEFORE_LOADING = {"generate": check_generate, "demo": check_demo, "serve": check_serve, "sweep": check_sweep_fits}
+
+def check_before_loading(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> None:
+    "What `generate`, `demo`, `serve` and the local `sweep` can check with torch imported but no weights loaded."
+    if args.command in BEFORE_LOADING and not getattr(args, "url", None):
+        with user_input(args.command):
+            BEFORE_LOADING[args.command](args, fail)
+
 # %% ../nbs/90_cli.ipynb #9c658328
 KAPPA_0 = ("generate", "serve")   # where --kappa 0 means plain decoding (the demo compares against plain itself)
 AT_LEAST_1 = ("n", "kappa", "max_tokens", "ngram", "batch", "num_spec_tokens", "output_len", "num_prompts", "repeats",
@@ -1008,17 +1151,25 @@ def _check_sweep(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> N
         fail("--synthetic replaces the in-process engine's sampler; a server's cannot be replaced (drop --url)")
 
 def _check_paths(args: argparse.Namespace, fail: Callable[[str], NoReturn]) -> None:
-    "The files and folders on the command line exist: checked before torch loads, so a typo costs no import."
+    """The files and folders on the command line exist: checked before torch loads, so a typo costs no import. The
+    sweep and the audit write their --out (and --html) only at the end of their work: its folder must exist now."""
     for flag in ("target", "draft"):
         folder = getattr(args, flag, None)
+        if folder == "":
+            fail(f"--{flag} must name a checkpoint folder or a shipped name, got ''")
         if isinstance(folder, str) and "/" in folder and not Path(folder).expanduser().exists():   # a path, not a name
             fail(f"checkpoint folder not found: {folder} (speclab loads local folders only)")
     prompts = getattr(args, "prompts", None)
     if prompts and not Path(prompts).is_file():
         fail(f"--prompts file not found: {prompts}")
+    for flag in ("out", "html") if args.command in ("sweep", "audit") else ():
+        path = getattr(args, flag, None)
+        if path and not Path(path).expanduser().parent.is_dir():
+            fail(f"--{flag} {path}: the folder {Path(path).parent} does not exist")
 
 def check_args(args: argparse.Namespace) -> None:
-    "Every range check argparse cannot express, in one place: a `UsageError` naming the flag."
+    """Every check argparse cannot express, in one place, a `UsageError` naming the flag: the ranges first (no import),
+    then, for the commands that load models, everything else that needs no weights (`check_before_loading`)."""
     def fail(message):
         raise UsageError(f"speclab {args.command}: error: {message}")
     for name in AT_LEAST_1:
@@ -1031,12 +1182,19 @@ def check_args(args: argparse.Namespace) -> None:
     temp = getattr(args, "temp", None)
     if temp is not None and not (math.isfinite(temp) and temp >= 0):
         fail(f"--temp must be a finite number >= 0, got {temp}")
+    seed, threads, cpus = getattr(args, "seed", None), getattr(args, "threads", None), os.cpu_count() or 1
+    if isinstance(seed, int) and not 0 <= seed < 2 ** 63:
+        fail(f"--seed must lie in [0, 2**63), got {seed}")
+    if isinstance(threads, int) and threads > cpus:      # thousands make torch's thread pool crash mid-run
+        fail(f"--threads {threads}: this machine has {cpus} CPUs, and more threads than CPUs only slow torch down")
     _check_paths(args, fail)
     if args.command == "sweep":
         _check_sweep(args, fail)
     if args.command == "grade" and not args.gradescope and not args.path:
         fail("give a submission (.ipynb) or a folder of them, or --gradescope DIR")
+    check_before_loading(args, fail)
 
+# %% ../nbs/90_cli.ipynb #b4f0e004
 def main(argv: Sequence[str] | None = None) -> int:
     "Entry point of the `speclab` console script: the exit status; mistakes print one line on stderr (status 2)."
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # speclab reads local folders only; never wait on the Hub

@@ -211,20 +211,149 @@ def test_triton_without_a_gpu(no_gpu_runs):
     assert_one_line(*no_gpu_runs[NO_GPU[2]], "--backend triton needs a CUDA GPU", "TRITON_INTERPRET=1")
 
 
-def test_empty_prompt_goes_to_stderr_and_json():
-    "An empty prompt: one line on stderr, exit 1; with --json, an error entry beside the other prompt's output."
-    (status, out, err), json_run = speclab_runs(
-        ["generate", "--target", "tiny", "--ngram", "2", "--kappa", "3", "--prompt", ""],
-        ["generate", "--target", "tiny", "--draft", "tiny", "--kappa", "3", "--temperature", "0", "--json",
-         "--max-tokens", "8", "--prompt", "", "--prompt", "def f(x):"])
-    assert_one_line(status, out, err, "speclab generate: error: prompt 1: ValueError: prompt must hold",
-                    "at least one token", code=1)
-    assert "SpecDecoding" not in out and "tokens/s" not in out, out
-    status, out, err = json_run
-    assert status == 1 and len(err.splitlines()) == 1, err
+def test_a_request_the_engine_rejects_goes_to_stderr_and_json(monkeypatch, capsys):
+    """What only the engine finds while it decodes (every check of the command line passed) is reported per prompt:
+    one line on stderr, exit 1; with --json, an error entry beside the other prompt's output. The decoder is a stand-in
+    whose first request fails (a real one's prompts are all checked before it loads: see `EARLY`)."""
+    from types import SimpleNamespace
+    import speclab.cli as cli
+    bad = SimpleNamespace(text="", token_ids=[], finish_reason="error", error="ValueError: the pool ran dry")
+    ok = SimpleNamespace(text=" a + b", token_ids=[1, 2, 3], finish_reason="length", error=None)
+    metrics = SimpleNamespace(num_drafts=1, num_draft_tokens=3, num_accepted_tokens=2, mean_acceptance_length=3.0,
+                              per_position=[1.0, 1.0, 0.0], kappa_counts=[0, 0, 0, 1], log_line=lambda: "SpecDecoding")
+    outputs = [[bad, ok], [bad]]
+    eng = SimpleNamespace(generate=lambda prompts, params: outputs.pop(0), metrics=metrics)
+    monkeypatch.setattr(cli, "load_decoder", lambda *args, **kwargs: (eng, None))
+    argv = ["generate", "--target", "tiny", "--draft", "tiny", "--kappa", "3", "--prompt", "x"]
+    status = cli.main([*argv, "--json", "--prompt", "def add(a, b):"])
+    out, err = capsys.readouterr()
+    assert status == 1 and err.splitlines() == ["speclab generate: error: prompt 1: ValueError: the pool ran dry"], err
     res = json.loads(out)
-    assert [o["error"] is None for o in res["outputs"]] == [False, True]
-    assert res["outputs"][0]["error"].endswith("prompt must hold at least one token") and res["tokens"] == 8
+    assert [o["error"] is None for o in res["outputs"]] == [False, True] and res["tokens"] == 3, res
+    status = cli.main(argv)                                       # nothing decoded: no metrics line, no throughput
+    out, err = capsys.readouterr()
+    assert status == 1 and len(err.splitlines()) == 1 and "SpecDecoding" not in out and "tokens/s" not in out, out
+
+
+# Every argument found refused only after the models loaded (or --kappa auto calibrated, or a sweep ran), now refused
+# before, in one line that names the flag; and a few that always were, to keep them so. {tmp}: `early_files`.
+G = ["generate", "--target", "tiny", "--draft", "tiny"]
+TREE = ["--speculative-eagle-topk", "2", "--speculative-num-steps", "2", "--speculative-num-draft-tokens", "4"]
+TOO_MANY = str((os.cpu_count() or 1) + 1)
+EARLY = [
+    ([*G, "--prompt", ""], ["speclab generate: error: --prompt 1 is empty: a prompt must hold at least one token"]),
+    ([*G, "--prompt", "def f():", "--prompt", ""], ["--prompt 2 is empty: a prompt must hold at least one token"]),
+    (["generate", "--target", "tiny", "--ngram", "2", "--prompt", ""], ["--prompt 1 is empty"]),
+    ([*G, "--prompt", "x = 1\\n" * 400], ["--prompt 1 (1600 tokens) + --max-tokens 64 exceeds the context of 512"]),
+    ([*G, "--prompt", "x", "--max-tokens", "1000"], ["--max-tokens 1000 exceeds the context of 512 positions"]),
+    ([*G, "--prompt", "x", "--max-tokens", "512"], ["--max-tokens 512 exceeds the context of 512 positions"]),
+    ([*G, "--prompts", "{tmp}/long.txt"], ["--prompts", "long.txt line 3 (1600 tokens) + --max-tokens 64 exceeds"]),
+    ([*G, "--prompts", "{tmp}/blank.txt"], ["blank.txt: the file holds no prompt"]),
+    ([*G, "--prompts", "{tmp}/latin1.txt"], ["latin1.txt is not UTF-8 text"]),
+    (["generate", "--target", "tiny", "--draft", "{tmp}/empty", "--prompt", "x"], ["checkpoint file not found",
+                                                                                   "config.json"]),
+    (["generate", "--target", "tiny", "--draft", "{tmp}/small-vocab", "--prompt", "x"],
+     ["the draft's vocabulary (100) differs from the target's (4096)"]),
+    (["generate", "--target", "tiny", "--draft", "", "--prompt", "x"], ["--draft must name a checkpoint folder"]),
+    (["generate", "--target", "", "--draft", "tiny", "--prompt", "x"], ["--target must name a checkpoint folder"]),
+    (["generate", "--target", "tiny", "--speculative-config", '{"model": ""}', "--prompt", "x"],
+     ["--speculative-config: model must be a folder or a shipped name, got ''"]),
+    (["generate", "--target", "tiny", "--speculative-config", '{"topk": 2, "num_steps": 2, "num_draft_tokens": 4}',
+      "--prompt", "x"], ["topk, num_steps, num_draft_tokens in --speculative-config: generate drafts chains"]),
+    (["generate", "--target", "tiny", "--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 40}',
+      "--prompt", "x"], ["--kappa auto up to 40 speculative tokens", "context of 512 positions"]),
+    ([*G, "--prompt", "x", "--top-p", "1.5"], ["--top-p must lie in (0, 1], got 1.5"]),
+    ([*G, "--prompt", "x", "--top-p", "0"], ["--top-p must lie in (0, 1], got 0.0"]),
+    ([*G, "--prompt", "x", "--top-k", "-2"], ["--top-k must be an int >= 0, got -2"]),
+    ([*G, "--prompt", "x", "--temperature", "nan"], ["--temperature must be a finite number >= 0, got nan"]),
+    ([*G, "--prompt", "x", "--seed", "-1"], ["--seed must lie in [0, 2**63), got -1"]),
+    ([*G, "--prompt", "x", "--device", "gpu"], ["--device 'gpu' is not a device"]),
+    (["demo", "--max-tokens", "1000"], ["speclab demo: error: --max-tokens 1000 exceeds the context of 512"]),
+    (["demo", "--max-tokens", "511"], ["the demo's prompt 1 (15 tokens) + --max-tokens 511 exceeds the context"]),
+    (["demo", "--threads", TOO_MANY], [f"--threads {TOO_MANY}: this machine has"]),
+    (["demo", "--seed", "-1"], ["--seed must lie in [0, 2**63), got -1"]),
+    (["serve", "--seed", "-1"], ["speclab serve: error: --seed must lie in [0, 2**63), got -1"]),
+    (["serve", "--seed", str(2 ** 64)], ["--seed must lie in [0, 2**63)"]),
+    (["serve", "--threads", TOO_MANY], [f"--threads {TOO_MANY}: this machine has"]),
+    (["serve", "--host", "192.0.2.1", "--port", "0"], ["cannot listen on 192.0.2.1:0"]),   # TEST-NET: no such interface
+    (["serve", "--num-spec-tokens", "40"], ["--kappa auto up to 40 speculative tokens: its calibration decodes 574"]),
+    (["serve", "--target", "{tmp}/empty"], ["no tokenizer in"]),
+    (["serve", "--draft", "{tmp}/empty"], ["checkpoint file not found", "config.json"]),
+    (["serve", "--draft", "none", *TREE], ["a tree needs a drafter, and --draft none"]),
+    (["serve", "--speculative-eagle-topk", "5000", *TREE[2:]], ["--speculative-eagle-topk 5000: more children"]),
+    (["serve", "--speculative-config", '{"speculative_token_tree": [[0], [0, 0]], "method": "eagle"}'],
+     ["an EAGLE head drafts EAGLE-2 trees", "not a fixed speculative_token_tree"]),
+    (["sweep", "--output-len", "1000"], ["--output-len 1000 and --num-spec-tokens 3 do not fit", "context of 512"]),
+    (["sweep", "--num-spec-tokens", "600"], ["--output-len 32 and --num-spec-tokens 600 do not fit"]),
+    (["sweep", "--seed", "-1"], ["speclab sweep: error: --seed must lie in [0, 2**63), got -1"]),
+    (["sweep", "--threads", TOO_MANY], [f"--threads {TOO_MANY}: this machine has"]),
+    (["sweep", "--out", "/no/such/dir/sweep.csv"], ["--out /no/such/dir/sweep.csv: the folder /no/such/dir does not"]),
+    (["audit", "--url", "http://a", "--reference-url", "http://b", "--out", "/no/such/dir/r.json"],
+     ["speclab audit: error: --out /no/such/dir/r.json: the folder /no/such/dir does not exist"]),
+    (["proof", "--seed", "-1"], ["speclab proof: error: --seed must lie in [0, 2**63), got -1"]),
+]
+
+
+@pytest.fixture(scope="module")
+def early_files(tmp_path_factory):
+    "A folder with no checkpoint, a draft whose vocabulary is not the target's, and three --prompts files."
+    import json as _json
+    from speclab.train import tiny_pair_path
+    tmp = tmp_path_factory.mktemp("early")
+    (tmp / "empty").mkdir()
+    (tmp / "small-vocab").mkdir()
+    config = _json.loads((tiny_pair_path("draft") / "config.json").read_text()) | {"vocab_size": 100}
+    (tmp / "small-vocab" / "config.json").write_text(_json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_pair_path("draft") / name, tmp / "small-vocab" / name)
+    (tmp / "long.txt").write_text("def f():\n\n" + "x = 1\\n" * 400 + "\n")
+    (tmp / "blank.txt").write_text("\n   \n\n")
+    (tmp / "latin1.txt").write_bytes("café\n".encode("latin-1"))
+    return tmp
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """Every way a command loads weights, calibrates --kappa auto, sweeps, serves or audits, replaced by a failure:
+    a command line refused before any work never reaches one."""
+    import importlib
+    def never(what):
+        def refuse(*args, **kwargs):
+            raise AssertionError(f"{what} ran before the command line was refused")
+        return refuse
+    names = ("speclab.model", "speclab.eagle", "speclab.serve", "speclab.sweep", "speclab.trees", "speclab.audit",
+             "speclab.proof", "speclab.cli")
+    modules = [importlib.import_module(name) for name in names]   # all first: an import under the patch would keep it
+    for module in modules:
+        if hasattr(module, "load_model"):
+            monkeypatch.setattr(module, "load_model", never("load_model"))
+    for target in ("speclab.cli.load_decoder", "speclab.serve.load_engine", "speclab.serve.calibrate",
+                   "speclab.serve.run_server", "speclab.sweep.sweep_tiny_pair", "speclab.eagle.sweep_eagle",
+                   "speclab.audit.run_audit", "speclab.proof.proof_checks"):
+        monkeypatch.setattr(target, never(target.rsplit(".", 1)[1]))
+
+
+@pytest.mark.parametrize("argv, words", EARLY, ids=[" ".join(argv)[:60] for argv, _ in EARLY])
+def test_refused_before_any_model_loads(argv, words, early_files, nothing_loads, capsys):
+    "Exit 2, one line on stderr naming the flag, nothing on stdout, and no model loaded, calibrated, swept or served."
+    from speclab.cli import main
+    status = main([a.replace("{tmp}", str(early_files)) for a in argv])
+    out, err = capsys.readouterr()
+    assert_one_line(status, out, err, *words)
+    assert out == "", out
+
+
+def test_port_in_use_is_refused_before_loading(nothing_loads, capsys):
+    "A port another server listens on: refused before the models load (and --kappa auto calibrates), not after."
+    import socket
+    from speclab.cli import main
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        status = main(["serve", "--port", str(port)])
+    out, err = capsys.readouterr()
+    assert_one_line(status, out, err, f"speclab serve: error: cannot listen on 127.0.0.1:{port}")
 
 
 def test_shipped_pair_by_name():
