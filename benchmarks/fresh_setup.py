@@ -127,6 +127,7 @@ def one_row(spec: str, work: Path, cpu_wheel: Path | None, tests: bool) -> dict:
         text = (logs / "tests.log").read_text(errors="replace")
         closing = re.findall(r"^=+ (.*\d+ (?:passed|failed).*) =+$", text, re.M)
         row["pytest"] = closing[-1] if closing else None
+        row["not_passed"] = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)))
     return row
 
 
