@@ -33,7 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 import pins  # noqa: E402  (the stranger's environment for pip; find_python)
+from install_matrix import tree_bytes  # noqa: E402
 
 UNITS = {"bytes": 1, "B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 
@@ -55,17 +57,6 @@ def downloaded_bytes(text: str) -> int:
         if not name.endswith(".metadata"):
             sizes[Path(name).name] = int(float(num) * UNITS[unit])
     return sum(sizes.values())
-
-
-def tree_bytes(path: Path) -> int:
-    "Bytes of the files under `path` (links not followed)."
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        for f in files:
-            p = os.path.join(dirpath, f)
-            if not os.path.islink(p):
-                total += os.path.getsize(p)
-    return total
 
 
 def phase(name: str, cmd: str, cwd: Path, env: dict, logs: Path) -> dict:
