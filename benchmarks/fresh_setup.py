@@ -119,6 +119,7 @@ def one_row(spec: str, work: Path, cpu_wheel: Path | None, tests: bool) -> dict:
         closing = re.findall(r"^=+ (.*\d+ (?:passed|failed).*) =+$", text, re.M)
         row["pytest"] = closing[-1] if closing else None
         row["not_passed"] = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)))
+        row["skipped"] = re.findall(r"^SKIPPED \[(\d+)\] (.*)$", text, re.M)     # pytest -rs: [count, where: why]
     return row
 
 
