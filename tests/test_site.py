@@ -292,6 +292,20 @@ def test_internal_links_resolve(visits, server):
     assert not problems, _fail(problems)
 
 
+def test_repository_links_name_real_files(visits, settings):
+    """A link the site cannot serve points into the repository on GitHub; the file it names must exist here (a link
+    resolved from the wrong folder, such as the home page's from nbs/ instead of the root, names nothing)."""
+    prefix = settings["git_url"].rstrip("/") + "/blob/main/"
+    problems = {}
+    for p, r in visits.items():
+        for href in set(r["links"]):
+            if href.startswith(prefix):
+                path = urllib.parse.unquote(href[len(prefix):].partition("#")[0])
+                if not (ROOT / path).exists():
+                    problems.setdefault(p, []).append(f"{href}: no {path} in the repository")
+    assert not problems, _fail(problems)
+
+
 def test_math_is_typeset(visits):
     problems = {}
     for p, r in visits.items():

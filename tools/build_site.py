@@ -605,7 +605,8 @@ def write_sources(src: Path, proc: Path, cfg: dict) -> dict:
     titles, api = {}, []
     for f, doc in docs.items():
         nb = json.loads((proc / f).read_text(encoding="utf-8"))
-        page, fm = convert_nb(nb, Linker(base, repo_pages, cfg["git_url"], nbs), source=nbs / f, page=doc, api=api)
+        here = ROOT if doc == "index" else nbs     # the home page is the README's source: its links start at the root
+        page, fm = convert_nb(nb, Linker(base, repo_pages, cfg["git_url"], here), source=nbs / f, page=doc, api=api)
         titles[doc] = fm.get("title") or doc
         if doc == "index":
             continue  # written below, with the navigation
@@ -650,7 +651,7 @@ def write_sources(src: Path, proc: Path, cfg: dict) -> dict:
         nav.append(("Other", unlisted))
 
     index_nb = json.loads((proc / next(f for f, d in docs.items() if d == "index")).read_text(encoding="utf-8"))
-    page, fm = convert_nb(index_nb, Linker(base, repo_pages, cfg["git_url"], nbs), source=nbs / "index.ipynb",
+    page, fm = convert_nb(index_nb, Linker(base, repo_pages, cfg["git_url"], ROOT), source=nbs / "index.ipynb",
                           page="index", api=api)
     page["cells"].append(md_cell("\n".join(toctree(sec, ds) for sec, ds in nav)))
     for i, c in enumerate(page["cells"]):
