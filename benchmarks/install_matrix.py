@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Install matrix (issue 39): does `pip install speclab` work where users are?
+"""Install matrix: does `pip install speclab` work where users are?
 
 Builds speclab's wheel once (`python -m build --wheel`, as a user or a release would), then for each row makes a
 fresh virtual environment with one Python, installs the wheel into it with plain pip (no constraints file: the
@@ -448,7 +448,7 @@ def render(result: dict, out: Path) -> None:
         checked = f", rerun on {result['constraints_date']} (`--recheck-constraints`)"
     body = f"""# Install matrix
 
-Written by `benchmarks/install_matrix.py` (issue 39) from `benchmarks/install_matrix.json`; rerun it to refresh.
+Written by `benchmarks/install_matrix.py` from `benchmarks/install_matrix.json`; rerun it to refresh.
 
 - Date: {result["date"]} (UTC)
 - Machine (`lscpu`, `free -g`): {run(["nproc"]).stdout.strip()} cores, \
