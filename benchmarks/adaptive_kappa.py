@@ -1,4 +1,4 @@
-"""Tokens per second of plain decoding, fixed kappa and `--kappa auto` at each concurrency, per drafter (issue 41).
+"""Tokens per second of plain decoding, fixed kappa and `--kappa auto` at each concurrency, per drafter.
 
     python benchmarks/adaptive_kappa.py                                   # table
     python benchmarks/adaptive_kappa.py --rounds 3 --json --out FILE      # also one JSON file

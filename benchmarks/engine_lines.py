@@ -1,4 +1,4 @@
-"""Lines of speclab's serving path next to nano-vllm's, like for like (issue 40): non-blank, non-comment lines,
+"""Lines of speclab's serving path next to nano-vllm's, like for like: non-blank, non-comment lines,
 docstrings included, component by component.
 
     git --git-dir=$(NANO_GIT) archive HEAD | tar -x -C /tmp/nano     # nano-vllm's snapshot, once

@@ -1,4 +1,4 @@
-"""Module boundaries one streamed request crosses in the engine (issue 40), counted with sys.setprofile.
+"""Module boundaries one streamed request crosses in the engine, counted with sys.setprofile.
 
     python benchmarks/engine_walk.py                 # a table: the engine alone, then through serve's EngineLoop
     python benchmarks/engine_walk.py --json > benchmarks/engine_walk_after.json

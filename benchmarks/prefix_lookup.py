@@ -34,7 +34,7 @@ from bench_env import load_average, machine, utc_now
 
 import speclab.kv as new_kv
 
-OLD_REV = "f81bdbf"  # the commit before Chapter 6's production manager (issue 26)
+OLD_REV = "f81bdbf"  # the commit before Chapter 6's production manager
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -1,4 +1,4 @@
-"""Host time of one verify step's sampling, validated every call vs trusted (issue 26), side by side in one run.
+"""Host time of one verify step's sampling, validated every call vs trusted, side by side in one run.
 
 One verify step at the shipped pair's vocabulary (V = 4,096, speclab/data/tiny-pair), kappa = 3 drafts per request,
 batch 1 and 16, random logits and q rows. What is timed is what the engine does per step around its target forward:

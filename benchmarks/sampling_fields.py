@@ -1,4 +1,4 @@
-"""The cost of the logits-processor stage per verify step (issue 27), side by side with the stage off.
+"""The cost of the logits-processor stage per verify step, side by side with the stage off.
 
 One verify step of `speclab.sampling.rejection_sampler` at a Llama-3 vocabulary (V = 128,256), kappa = 3 drafts per
 request, batch 1 and 16, random logits, sampled rows (temperature 0.8). "off": every request at the default fields;

@@ -1,4 +1,4 @@
-"""The cost of streaming text, per token, at 100 and at 3,000 output tokens (issue 26): decoding a request's whole
+"""The cost of streaming text, per token, at 100 and at 3,000 output tokens: decoding a request's whole
 output again at every step (the engine's stop_cut and the server's visible_text before issue 26, copied below and
 marked) against Chapter 7's Detokenizer, side by side in one run.
 

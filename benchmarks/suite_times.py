@@ -1,4 +1,4 @@
-"""The test suite's time per file, and a cost model of its law tests (issue 25).
+"""The test suite's time per file, and a cost model of its law tests.
 
 Run the suite with its clock writing per-test figures (tests/suite_clock.py), then this script on the result:
 

@@ -1,4 +1,4 @@
-"""Acceptance length E of a chain vs a token tree on the shipped tiny pair, and a CPU cost model (issue 42).
+"""Acceptance length E of a chain vs a token tree on the shipped tiny pair, and a CPU cost model.
 
 What it measures, on P held-out prefixes (non-overlapping 64-token windows of `shipped_heldout_ids()`, seeded choice):
 

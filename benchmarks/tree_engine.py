@@ -1,4 +1,4 @@
-"""Tokens per second of plain decoding, chain speculation and EAGLE-2 token trees in speclab's engine (issue 42).
+"""Tokens per second of plain decoding, chain speculation and EAGLE-2 token trees in speclab's engine.
 
     python benchmarks/tree_engine.py                      # writes benchmarks/tree_engine.json and .md
     python benchmarks/tree_engine.py --rounds 3 --out-json FILE --out-md FILE

