@@ -96,7 +96,7 @@ class Calibration:
         where = (f"speculation pays at every batch up to 4096 ({a}): no crossing found" if b is None else
                  f"speculation does not pay even at batch 1 ({a})" if b == 1 else
                  f"speculation stops paying at batch ~{b} ({a})")
-        return (f"calibrated on this machine in {self.seconds:.1f} s: a step verifies in {1e3 * c.verify_s:.1f} ms + "
+        return (f"calibrated in {self.seconds:.1f} s: a step verifies in {1e3 * c.verify_s:.1f} ms + "
                 f"{1e3 * c.verify_token_s:.2f} ms per position; a draft forward costs {1e3 * c.draft_s:.1f} ms + "
                 f"{1e3 * c.draft_request_s:.2f} ms per drafting request; {where}; kappa chosen per step in "
                 f"0..{self.kappa_max}")
