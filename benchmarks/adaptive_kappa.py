@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
     ap.add_argument("--tokens", type=int, default=48, help="new tokens per request (default 48)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: speclab serve's, every core "
-                    "but one; the runs before issue 41's second session used 2)")
+                    "but one; older saved runs used 2)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--out", help="also write the JSON here")
     a = ap.parse_args(argv)

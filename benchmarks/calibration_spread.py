@@ -1,5 +1,5 @@
 """How much `measure_step_costs` moves from one calibration to the next: the single fastest step of each cell (the
-rule before issue 41's second session: 6 steps, `fastest=1`) against the fastest half (the default: 12 steps,
+former rule: 6 steps, `fastest=1`) against the fastest half (the default: 12 steps,
 `fastest=6`), interleaved, on the shipped pair.
 
     python benchmarks/calibration_spread.py                    # 3 calibrations per rule and drafter
