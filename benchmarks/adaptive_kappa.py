@@ -30,7 +30,10 @@ import torch
 
 from speclab.cli import available_cores, serve_threads
 from speclab.eagle import eagle_drafter
-from speclab.engine import KappaPolicy, ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder, measure_step_costs
+from speclab.request import SamplingParams
+from speclab.drafters import ModelDrafter, NgramDrafter
+from speclab.engine import SpecDecoder
+from speclab.policy import KappaPolicy, measure_step_costs
 from speclab.model import load_model
 from speclab.sweep import sweep_prompts
 from speclab.train import tiny_pair_path

@@ -146,7 +146,8 @@ def wrap_speclab(target) -> list:
 def build_engine(config: str, target, draft, kappa: int, concurrency: int):
     "The engine of one configuration, its per-instance parts wrapped (the runner's sampler, the EAGLE head's fc)."
     from speclab.eagle import eagle_drafter
-    from speclab.engine import ModelDrafter, SpecDecoder
+    from speclab.drafters import ModelDrafter
+    from speclab.engine import SpecDecoder
     if config == "plain":
         eng = SpecDecoder(target, None, kappa=0, max_num_seqs=concurrency)
     elif config == "draft_model":
@@ -161,7 +162,7 @@ def build_engine(config: str, target, draft, kappa: int, concurrency: int):
 
 def run_speclab(eng, prompts: list, max_tokens: int) -> dict:
     "One timed generate: wall seconds, steps, tokens, each bucket's seconds, the engine's own stats, the outputs."
-    from speclab.engine import SamplingParams
+    from speclab.request import SamplingParams
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     before = dict(eng.stats)
     TIMES.clear()
@@ -275,7 +276,7 @@ def start_vllm(a: argparse.Namespace) -> tuple:
 
 def top_functions(eng, prompts: list, max_tokens: int, n: int = 15) -> list:
     "cProfile's n functions with the most own time in one generate (file:line(name), own ms, cumulative ms, calls)."
-    from speclab.engine import SamplingParams
+    from speclab.request import SamplingParams
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     prof = cProfile.Profile()
     prof.enable()

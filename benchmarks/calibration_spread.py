@@ -39,7 +39,8 @@ def parse_args(argv: list | None = None) -> argparse.Namespace:
 def main(argv: list | None = None) -> int:
     "Calibrate, print, write."
     from speclab.cli import available_cores, serve_threads
-    from speclab.engine import ModelDrafter, NgramDrafter, measure_step_costs
+    from speclab.drafters import ModelDrafter, NgramDrafter
+    from speclab.policy import measure_step_costs
     from speclab.model import load_model
     from speclab.train import tiny_pair_path
     a = parse_args(argv)

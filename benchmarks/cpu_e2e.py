@@ -145,7 +145,9 @@ def timed(fn: Callable[[list[int]], list[int]], ids: list[int]) -> tuple[float, 
 
 def build_runs(a: argparse.Namespace) -> tuple[dict, dict]:
     "The runs (name -> fn(prompt ids) -> new ids) and the objects the report reads (models, engines, compile time)."
-    from speclab.engine import ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder
+    from speclab.request import SamplingParams
+    from speclab.drafters import ModelDrafter, NgramDrafter
+    from speclab.engine import SpecDecoder
     from speclab.model import compile_paged, generate, load_model
     from speclab.train import tiny_pair_path
     tdir, ddir = str(tiny_pair_path("target")), str(tiny_pair_path("draft"))

@@ -101,7 +101,8 @@ def bench(a):
     from speclab.sweep import measure_point, measure_roofline, measured_crossing, sweep_prompts
     import speclab.eagle
     from speclab.eagle import eagle_drafter
-    from speclab.engine import ModelDrafter, NgramDrafter, SamplingParams
+    from speclab.request import SamplingParams
+    from speclab.drafters import ModelDrafter, NgramDrafter
     from speclab.model import load_model
     from speclab.roofline import crossing_batch
     from speclab.train import tiny_pair_path

@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> dict:
     "Time the three implementations prompt by prompt and report."
     a = parse_args(argv)
     from transformers import AutoModelForCausalLM
-    from speclab.engine import SamplingParams, SpecDecoder
+    from speclab.request import SamplingParams
+    from speclab.engine import SpecDecoder
     from speclab.model import generate, load_model
     from speclab.train import eval_prompts, tiny_pair_path
     if a.threads:

@@ -119,7 +119,9 @@ def run_static(engine: object, prompts: list[list[int]], params: list, group: in
 
 def batching_part(a: argparse.Namespace, target: torch.nn.Module, draft: torch.nn.Module) -> dict:
     "(a): continuous batching vs static batches, plain and with the draft model."
-    from speclab.engine import ModelDrafter, SamplingParams, SpecDecoder
+    from speclab.request import SamplingParams
+    from speclab.drafters import ModelDrafter
+    from speclab.engine import SpecDecoder
     from speclab.train import eval_prompts
     prompts = eval_prompts(n=a.requests, prompt_len=a.prompt_len, seed=21)
     lengths = output_lengths(a.requests, a.min_tokens, a.max_tokens, a.seed)
@@ -172,7 +174,8 @@ def batching_part(a: argparse.Namespace, target: torch.nn.Module, draft: torch.n
 
 def prefix_part(a: argparse.Namespace, target: torch.nn.Module) -> dict:
     "(b): a shared prefix with the prefix cache on and off, all at once ('burst') and after one request ('warm')."
-    from speclab.engine import SamplingParams, SpecDecoder
+    from speclab.request import SamplingParams
+    from speclab.engine import SpecDecoder
     from speclab.train import eval_prompts
     prefix = eval_prompts(n=1, prompt_len=a.prefix_len, seed=31)[0]
     suffixes = eval_prompts(n=a.prefix_requests, prompt_len=a.suffix_len, seed=32)

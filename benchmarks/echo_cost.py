@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_env import load_average, machine, utc_now  # noqa: E402
 
-from speclab.engine import SamplingParams  # noqa: E402
+from speclab.request import SamplingParams  # noqa: E402
 from speclab.serve import EngineLoop, Score, ServerThread, build_app, load_engine  # noqa: E402
 from speclab.train import tiny_pair_path  # noqa: E402
 

@@ -54,7 +54,9 @@ def timed(fn, bucket: list):
 def step_split(target, draft, prompts: list, tokens: int) -> dict:
     "ms per step: total, forwards, sampler, rest, for one speculative generate over `prompts`."
     import speclab.engine as engine
-    from speclab.engine import ModelDrafter, SamplingParams, SpecDecoder
+    from speclab.request import SamplingParams
+    from speclab.drafters import ModelDrafter
+    from speclab.engine import SpecDecoder
     fwd, smp = [0.0], [0.0]
     original = engine.forward_paged
     engine.forward_paged = timed(original, fwd)
@@ -86,7 +88,9 @@ def tokens_per_s(fn, prompts: list, tokens: int) -> float:
 def worker(tokens: int) -> dict:
     "Every figure of one side (the speclab on sys.path)."
     import torch
-    from speclab.engine import ModelDrafter, SamplingParams, SpecDecoder
+    from speclab.request import SamplingParams
+    from speclab.drafters import ModelDrafter
+    from speclab.engine import SpecDecoder
     from speclab.model import generate, load_model
     from speclab.train import eval_prompts, tiny_pair_path
     torch.set_num_threads(1)

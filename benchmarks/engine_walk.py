@@ -41,7 +41,7 @@ def build_engine() -> Any:
 
 def request_params() -> Any:
     "The request's sampling parameters: greedy, MAX_TOKENS new tokens."
-    from speclab.engine import SamplingParams
+    from speclab.request import SamplingParams
     return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 

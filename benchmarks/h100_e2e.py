@@ -81,7 +81,9 @@ import speclab  # noqa: E402
 import speclab.engine  # noqa: E402
 from speclab.eagle import EagleDrafter, check_eagle3, eagle3_default_layers, load_eagle3, write_eagle3  # noqa: E402
 from speclab.sweep import SyntheticSampler  # noqa: E402
-from speclab.engine import ModelDrafter, SamplingParams, SpecDecoder  # noqa: E402
+from speclab.request import SamplingParams  # noqa: E402
+from speclab.drafters import ModelDrafter
+from speclab.engine import SpecDecoder
 from speclab.sampling import rejection_sampler  # noqa: E402
 from speclab.model import (KVCache, Llama, LlamaArgs, decoder_layer, forward, forward_paged,  # noqa: E402
                            load_model, rope_cos_sin, rope_inv_freq)

@@ -17,7 +17,9 @@ import torch
 
 import speclab.model as model_mod
 from bench_env import load_average, machine, utc_now
-from speclab.engine import ModelDrafter, SamplingParams, SpecDecoder
+from speclab.request import SamplingParams
+from speclab.drafters import ModelDrafter
+from speclab.engine import SpecDecoder
 from speclab.model import generate, load_model, load_tokenizer
 from speclab.train import shipped_heldout_ids, tiny_pair_path
 

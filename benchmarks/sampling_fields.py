@@ -16,7 +16,8 @@ import time
 import torch
 
 from bench_env import load_average, machine, utc_now
-from speclab.engine import SamplingParams, processor_rows
+from speclab.request import SamplingParams
+from speclab.processors import processor_rows
 from speclab.metadata import SpecDecodeMetadata
 from speclab.sampling import SamplingMetadata, rejection_sampler
 

@@ -160,7 +160,8 @@ def server_worker(a: argparse.Namespace) -> dict:
     "In a subprocess, with one tree first on sys.path: seconds and tokens of streamed requests (run as --worker)."
     import httpx
     import torch
-    from speclab.engine import ModelDrafter, SpecDecoder
+    from speclab.drafters import ModelDrafter
+    from speclab.engine import SpecDecoder
     from speclab.model import load_tokenizer
     from speclab.serve import EngineLoop, ServerThread, build_app
     from speclab.testing import tiny_random_pair

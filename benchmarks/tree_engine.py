@@ -27,7 +27,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_env import load_average, utc_now  # noqa: E402
 
-from speclab.engine import ModelDrafter, SamplingParams, SpecDecoder  # noqa: E402
+from speclab.request import SamplingParams  # noqa: E402
+from speclab.drafters import ModelDrafter
+from speclab.engine import SpecDecoder
 from speclab.model import load_model  # noqa: E402
 from speclab.train import eval_prompts, tiny_pair_path  # noqa: E402
 from speclab.trees import TreeDrafter  # noqa: E402

@@ -402,7 +402,7 @@ def test_serve_drafts_with_the_eagle_head():
     "speclab serve --method eagle: the command line resolves to the shipped head's folder; the engine drafts with it."
     from speclab.cli import build_parser, drafting, resolve_checkpoint
     from speclab.eagle import EagleDrafter, eagle_path
-    from speclab.engine import SamplingParams
+    from speclab.request import SamplingParams
     from speclab.serve import load_engine
     from speclab.train import tiny_pair_path
     for argv, want in ((["serve", "--method", "eagle"], None),      # no number given: --kappa auto's cap is 4

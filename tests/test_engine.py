@@ -56,8 +56,10 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from speclab.engine import (DRAFT_SALT, KappaPolicy, ModelDrafter, NgramDrafter, RequestState, SamplingParams,
-                            SpecDecoder, StepCosts, cycle_collector_paused)
+from speclab.request import DRAFT_SALT, RequestState, SamplingParams
+from speclab.drafters import ModelDrafter, NgramDrafter
+from speclab.engine import SpecDecoder, cycle_collector_paused
+from speclab.policy import KappaPolicy, StepCosts
 from speclab.kv import Request, hash_chain
 from speclab.model import generate as plain_generate
 from speclab.proof import LEVEL, chi_square_gof, detectable_tv, draws_for_law
@@ -656,7 +658,7 @@ def test_plain_sampler_draws_the_rejection_samplers_bonus(mix):
     with greedy ones, and rows with logits processors (penalties over a history, logit bias, min-p). Two copies of
     each request's seeded generator feed the two samplers; 64 rows over V = 4096 make a coincidence impossible."""
     import torch
-    from speclab.engine import processor_rows, sample_plain
+    from speclab.processors import processor_rows, sample_plain
     from speclab.metadata import SpecDecodeMetadata
     from speclab.sampling import SamplingMetadata, rejection_sampler
     rng = np.random.default_rng(5)

@@ -13,7 +13,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from speclab.engine import ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder
+from speclab.request import SamplingParams
+from speclab.drafters import ModelDrafter, NgramDrafter
+from speclab.engine import SpecDecoder
 from speclab.kvlab import check_invariants
 from speclab.sampling import NO_VALID_TOKEN_ID
 from speclab.eagle import EagleDrafter, load_drafter

@@ -13,7 +13,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from speclab.engine import SamplingParams
+from speclab.request import SamplingParams
 from speclab.serve import AUTO_KAPPA_MAX, EngineLoop, ServerThread, build_app, load_engine
 from speclab.train import tiny_pair_path
 

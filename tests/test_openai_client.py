@@ -11,7 +11,7 @@ pytestmark = pytest.mark.xdist_group("openai_client")   # one worker: its module
 
 openai = pytest.importorskip("openai")
 
-from speclab.engine import SamplingParams
+from speclab.request import SamplingParams
 from speclab.serve import bad_words_ids, load_engine
 from speclab.testing import serve_process
 from speclab.train import tiny_pair_path
@@ -248,7 +248,7 @@ def test_special_tokens_are_not_text(client, reference, stream):
 
 def test_the_engine_maps_what_the_server_maps():
     "SamplingParams itself (generate, not only the server): greedy below vLLM's epsilon, top_k clamped, a penalty range."
-    from speclab.engine import TOP_K_ALL
+    from speclab.request import TOP_K_ALL
     assert SamplingParams(temperature=1e-40).greedy and SamplingParams(top_k=10 ** 30).top_k == TOP_K_ALL
     with pytest.raises(ValueError, match="^repetition_penalty must lie in"):
         SamplingParams(repetition_penalty=5e-324)

@@ -44,8 +44,10 @@ import numpy as np
 import pytest
 import torch
 
-from speclab.engine import (FINISHED, KappaPolicy, ModelDrafter, NgramDrafter, Output, RequestState, SamplingParams,
-                            SpecDecoder, StepCosts)
+from speclab.request import FINISHED, Output, RequestState, SamplingParams
+from speclab.drafters import ModelDrafter, NgramDrafter
+from speclab.engine import SpecDecoder
+from speclab.policy import KappaPolicy, StepCosts
 from speclab.kv import FREED, hash_chain
 from speclab.kvlab import BuggyPrefixManager, BuggyWindowManager, check_invariants, manager_state
 from speclab.model import KVCache, Llama, forward

@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import speclab.serve
 from speclab.cli import available_cores, serve_threads
 from speclab.vllm_io import metrics_delta, parse_prometheus
-from speclab.engine import Output, SamplingParams, StepOutput
+from speclab.request import Output, SamplingParams, StepOutput
 from speclab.serve import (Abort, Command, EngineLoop, Failed, ServerThread, Stream, build_app, engine_failure,
                            failure, load_engine)
 from speclab.train import tiny_pair_path
