@@ -5,7 +5,7 @@ speculative engine between audits (`set_fault`), never through a request field. 
 power calculation: the plan's own bound for the targeted cells (two_sample_bound / rate_bound, probability 0.99 at
 the Holm-corrected level 0.01) lies below the size of the fault's effect on the shipped pair, which for the law
 faults is the exact first-token total-variation distance computed from the two models (numbers in each case below;
-see benchmarks/audit_faults.py for the default budget against every fault). A correct pair fails an audit with
+see benchmarks/audit/audit_faults.py for the default budget against every fault). A correct pair fails an audit with
 probability at most the level, whatever the plan: `test_exact_pair_passes` runs at level 0.001, so it fails on chance
 once in a thousand runs.
 """

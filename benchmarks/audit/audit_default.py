@@ -1,6 +1,6 @@
 """The default `speclab audit` of the shipped pair, as a user runs it: two `speclab serve` processes, one command.
 
-    python benchmarks/audit_default.py [--budget 12000] [--out /tmp/audit.json --html /tmp/audit.html]
+    python benchmarks/audit/audit_default.py [--budget 12000] [--out /tmp/audit.json --html /tmp/audit.html]
 
 Prints the audit's own output, its exit status and its wall time (issue 29 asks for under 5 minutes on this CPU).
 """
@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
 from bench_env import load_average, machine, utc_now  # noqa: E402
 
 from speclab.testing import serve_process  # noqa: E402

@@ -1,6 +1,6 @@
 """How often speclab audit (Chapter 13) fails an exact pair: repeated audits with fresh engine and request seeds.
 
-    python benchmarks/audit_false_alarms.py --audits 45 --budget 800 --json /tmp/false_alarms.json
+    python benchmarks/audit/audit_false_alarms.py --audits 45 --budget 800 --json /tmp/false_alarms.json
 
 Each audit restarts the in-process pair (speclab.testing.audit_pair) with new engine seeds and shuffles its requests
 with a new seed, so the audits are independent. The audit promises a failure probability of at most `level` for an
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
 from bench_env import load_average, machine, utc_now  # noqa: E402
 
 from speclab.audit import DEFAULT_PROMPTS, plan_audit, run_audit  # noqa: E402

@@ -1,8 +1,8 @@
 """speclab audit (Chapter 13) against the shipped pair and every planted fault: what caught each, at what budget.
 
-    python benchmarks/audit_faults.py                      # the default plan (budget 12,000) per fault, and a ladder
-    python benchmarks/audit_faults.py --ladder 1500,3000,6000,12000 --faults top_p_target_only,seed_ignored
-    python benchmarks/audit_faults.py --json out.json
+    python benchmarks/audit/audit_faults.py                      # the default plan (budget 12,000) per fault, and a ladder
+    python benchmarks/audit/audit_faults.py --ladder 1500,3000,6000,12000 --faults top_p_target_only,seed_ignored
+    python benchmarks/audit/audit_faults.py --json out.json
 
 One in-process pair of servers (speclab.testing.audit_pair: the tiny target with its draft, kappa 3, and the target
 alone); each fault is planted in the speculative engine between audits. For each fault the ladder's budgets are run
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
 from bench_env import load_average, machine, utc_now  # noqa: E402
 
 from speclab.audit import plan_audit, run_audit  # noqa: E402

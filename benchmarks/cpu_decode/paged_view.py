@@ -1,7 +1,7 @@
 """The paged cache's view for a request whose blocks are consecutive (Chapter 7's `key_start`) against the gather it
 replaces, and both against `speclab.model.generate` (the contiguous cache), at batch 1 on the shipped pair.
 
-    python benchmarks/paged_view.py                      # plain and speculative (kappa 3) decoding, 1 thread
+    python benchmarks/cpu_decode/paged_view.py                      # plain and speculative (kappa 3) decoding, 1 thread
 
 Each round decodes the same held-out prompts greedily through: `generate`; the engine with no drafter (view, then
 gather); the engine with the draft model (view, then gather). "gather" is the same engine with
@@ -11,15 +11,19 @@ every run's tokens must equal `generate`'s. A measurement, not a test.
 """
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 import speclab.model as model_mod
-from bench_env import load_average, machine, utc_now
 from speclab.engine import ModelDrafter, SamplingParams, SpecDecoder
 from speclab.model import generate, load_model, load_tokenizer
 from speclab.train import shipped_heldout_ids, tiny_pair_path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+from bench_env import load_average, machine, utc_now  # noqa: E402
 
 
 def timed(fn):

@@ -1,7 +1,7 @@
 """Chapter 12 on a CPU: the shipped EAGLE head against the 2-layer draft model, n-gram lookup and plain decoding.
 
-    python benchmarks/cpu_eagle.py bench              # batch 1, greedy and T = 1, kappa 1..6, then the batch sweep
-    python benchmarks/cpu_eagle.py ablation           # what EAGLE-3's fused features and training-time test each add
+    python benchmarks/eagle/cpu_eagle.py bench              # batch 1, greedy and T = 1, kappa 1..6, then the batch sweep
+    python benchmarks/eagle/cpu_eagle.py ablation           # what EAGLE-3's fused features and training-time test each add
 
 bench: on the shipped tiny target, held-out prompts, each (temperature, kappa) point runs plain decoding and every
 drafter side by side in one process: one engine each, passes interleaved (the order reversed every other round), the
@@ -30,7 +30,9 @@ from pathlib import Path
 
 import torch
 
-from bench_env import load_average, machine, utc_now
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+from bench_env import load_average, machine, utc_now  # noqa: E402
+
 
 HERE = Path(__file__).parent
 
@@ -47,7 +49,7 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=150, help="ablation: training steps per head (default 150)")
     ap.add_argument("--windows", type=int, default=96, help="ablation: training windows of 512 tokens (default 96)")
     ap.add_argument("--features-cache", default=None, help="ablation: a features .pt from `speclab train-eagle`")
-    ap.add_argument("--out", default=None, help="JSON output (default: benchmarks/cpu_eagle[_ablation].json)")
+    ap.add_argument("--out", default=None, help="JSON output (default: benchmarks/eagle/cpu_eagle[_ablation].json)")
     return ap.parse_args(argv)
 
 

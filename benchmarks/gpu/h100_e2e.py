@@ -3,12 +3,12 @@
 A random-initialised Llama-3-8B (target) and Llama-3.2-1B (draft) in bf16, next to the predictions of Chapter 2
 (speclab.roofline). Timing needs no real weights; --target DIR --draft DIR time local checkpoints instead.
 
-    python benchmarks/h100_e2e.py --out benchmarks/results/$(date +%Y-%m-%d)-h100          # H100/H200; --budget-s 540
-    python benchmarks/h100_e2e.py --compile --out benchmarks/results/$(date +%Y-%m-%d)-h100-compile   # engine compiled
-    python benchmarks/h100_e2e.py --target DIR --draft DIR --out benchmarks/results/ckpt   # real weights, real E
-    python benchmarks/h100_e2e.py --target DIR --draft DIR --eagle DIR3 --out ...          # + an EAGLE-3 head
-    python benchmarks/h100_e2e.py --dry-run --out /tmp/h100_smoke                         # CPU smoke test, < 1 minute
-    python benchmarks/h100_e2e.py --dry-run --eagle DIR3 --out /tmp/h100_smoke            # parse DIR3 on the CPU first
+    python benchmarks/gpu/h100_e2e.py --out benchmarks/gpu/results/$(date +%Y-%m-%d)-h100          # H100/H200; --budget-s 540
+    python benchmarks/gpu/h100_e2e.py --compile --out benchmarks/gpu/results/$(date +%Y-%m-%d)-h100-compile   # engine compiled
+    python benchmarks/gpu/h100_e2e.py --target DIR --draft DIR --out benchmarks/gpu/results/ckpt   # real weights, real E
+    python benchmarks/gpu/h100_e2e.py --target DIR --draft DIR --eagle DIR3 --out ...          # + an EAGLE-3 head
+    python benchmarks/gpu/h100_e2e.py --dry-run --out /tmp/h100_smoke                         # CPU smoke test, < 1 minute
+    python benchmarks/gpu/h100_e2e.py --dry-run --eagle DIR3 --out /tmp/h100_smoke            # parse DIR3 on the CPU first
 
 Sections, each a list of records in results.json and a table in results.md (both in --out, rewritten after each):
  1. bandwidth: a 1 GiB device-to-device copy, (read + write bytes) / time;
@@ -76,7 +76,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import speclab  # noqa: E402
 import speclab.engine  # noqa: E402
 from speclab.eagle import EagleDrafter, check_eagle3, eagle3_default_layers, load_eagle3, write_eagle3  # noqa: E402
@@ -106,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Results: see benchmarks/README.md; record runs in benchmarks/RESULTS.md.")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"),
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/gpu/results"),
                     help="directory for results.json and results.md")
     ap.add_argument("--target", type=Path, help="HF checkpoint folder of the target (default: random Llama-3-8B)")
     ap.add_argument("--draft", type=Path, help="HF checkpoint folder of the draft (default: random Llama-3.2-1B)")

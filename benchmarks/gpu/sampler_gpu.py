@@ -1,8 +1,8 @@
 """Time the rejection sampler's ops on a GPU: the torch reference (speclab.sampling) against the Triton kernels
 (speclab.kernels), next to the memory floor of each op. Also checks, on the GPU, that both give the same tokens.
 
-    python benchmarks/sampler_gpu.py --out benchmarks/results/h100      # on a CUDA machine, < 5 minutes on an H100
-    python benchmarks/sampler_gpu.py --dry-run --out /tmp/smoke         # CPU smoke test: tiny sizes, Triton interpreter
+    python benchmarks/gpu/sampler_gpu.py --out benchmarks/gpu/results/h100      # on a CUDA machine, < 5 minutes on an H100
+    python benchmarks/gpu/sampler_gpu.py --dry-run --out /tmp/smoke         # CPU smoke test: tiny sizes, Triton interpreter
 
 Writes results.json (date, GPU, versions, copy bandwidth, one record per op/implementation/B/kappa) and results.md
 (a table) into --out. Times are microseconds per call: CUDA events around each call, after warmup, median of repeats.
@@ -27,7 +27,7 @@ OPS = ["greedy_sample", "random_sample", "recovered_exponential", "recovered_inv
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Results: see benchmarks/README.md; record runs in benchmarks/RESULTS.md.")
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="directory for results.json and results.md")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/gpu/results"), help="directory for results.json and results.md")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 64, 256], metavar="B")
     ap.add_argument("--kappas", type=int, nargs="+", default=[1, 3, 7], metavar="K", help="drafts per request")
     ap.add_argument("--vocab", type=int, default=128_256, help="vocabulary size V (default: Llama 3)")
@@ -50,7 +50,7 @@ if ARGS.dry_run:
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import triton  # noqa: E402
 
 import speclab.kernels as K  # noqa: E402

@@ -14,7 +14,7 @@ For each run: the score (a pass is every point), the wall time, the peak of the 
 every 0.1 s: the memory no limit can reclaim; it is the processes' resident memory less their files), the kernel's
 peak of the cgroup's usage (page cache included, which a limit reclaims), OOM kills, and CPU seconds.
 
-    .venv/bin/python benchmarks/gradescope_limits.py [--labs 08_acceptance,09_audit] [--memories 768,1024,1536]
+    .venv/bin/python benchmarks/grading/gradescope_limits.py [--labs 08_acceptance,09_audit] [--memories 768,1024,1536]
         [--cpus 0.5] [--timeout 600] [--venv DIR | --image DIR]
 
 `--venv` is the environment bound at /autograder/speclab-venv: by default this Python's (the project's .venv);
@@ -39,7 +39,7 @@ from pathlib import Path
 from speclab.grading import load_lab, sandbox_problem, write_gradescope
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = HERE.parent.parent
 CGROUP = Path("/sys/fs/cgroup")
 GRADESCOPE = dict(memory_mb=768, cpus=0.5, timeout_s=600, max_timeout_s=2400)   # its documented defaults
 PERIOD_US = 100_000

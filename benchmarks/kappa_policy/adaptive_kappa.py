@@ -1,7 +1,7 @@
 """Tokens per second of plain decoding, fixed kappa and `--kappa auto` at each concurrency, per drafter.
 
-    python benchmarks/adaptive_kappa.py                                   # table
-    python benchmarks/adaptive_kappa.py --rounds 3 --json --out FILE      # also one JSON file
+    python benchmarks/kappa_policy/adaptive_kappa.py                                   # table
+    python benchmarks/kappa_policy/adaptive_kappa.py --rounds 3 --json --out FILE      # also one JSON file
 
 On the shipped tiny pair (fp32; `--threads`, by default `speclab serve`'s: every core but one), the same 16
 held-out prompts (Chapter 9c's) are served with `max_num_seqs` = concurrency (continuous batching), greedy,

@@ -2,8 +2,8 @@
 former rule: 6 steps, `fastest=1`) against the fastest half (the default: 12 steps,
 `fastest=6`), interleaved, on the shipped pair.
 
-    python benchmarks/calibration_spread.py                    # 3 calibrations per rule and drafter
-    python benchmarks/calibration_spread.py --repeats 5 --out benchmarks/calibration_spread.json
+    python benchmarks/kappa_policy/calibration_spread.py                    # 3 calibrations per rule and drafter
+    python benchmarks/kappa_policy/calibration_spread.py --repeats 5 --out benchmarks/kappa_policy/calibration_spread.json
 
 Per drafter (n-gram lookup n <= 3, the draft model; kappa_max 4, as `speclab serve`) and rule, the script calibrates
 `--repeats` times, the rules taking turns, with `speclab serve`'s torch threads (every core but one), and prints each
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
 from bench_env import load_average, machine, utc_now  # noqa: E402
 
 RULES = {"fastest step of 6": dict(steps=6, fastest=1), "fastest half of 12": dict(steps=12, fastest=6)}

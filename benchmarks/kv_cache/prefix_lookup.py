@@ -1,8 +1,8 @@
 """Chapter 6's block manager before and after issue 26, side by side in one run: prefix-cache lookup and the reuse of
 a freed cached block.
 
-    python benchmarks/prefix_lookup.py                 # the old manager from git (--old-rev), the new from speclab
-    python benchmarks/prefix_lookup.py --repeats 50
+    python benchmarks/kv_cache/prefix_lookup.py                 # the old manager from git (--old-rev), the new from speclab
+    python benchmarks/kv_cache/prefix_lookup.py --repeats 50
 
 Lookup: a prompt of 256, 2,048 or 8,192 random token ids, blocks of 16, whose full blocks are all in the prefix cache
 (a request with the same prompt ran and finished first); the timed call is `add_request` of that prompt plus one new
@@ -30,12 +30,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_env import load_average, machine, utc_now
 
 import speclab.kv as new_kv
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+from bench_env import load_average, machine, utc_now  # noqa: E402
+
 OLD_REV = "f81bdbf"  # the commit before Chapter 6's production manager
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

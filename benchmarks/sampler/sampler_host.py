@@ -25,12 +25,13 @@ from pathlib import Path
 
 import torch
 
-from bench_env import load_average, machine, utc_now
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from speclab.metadata import SpecDecodeMetadata  # noqa: E402
 from speclab.sampling import SamplingMetadata, rejection_sampler  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+from bench_env import load_average, machine, utc_now  # noqa: E402
 
 KAPPA, VOCAB = 3, 4096
 

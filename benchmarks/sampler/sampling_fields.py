@@ -8,17 +8,21 @@ history of PROMPT prompt tokens and OUTPUT generated tokens. The "on" time inclu
 feature per step. Both are timed alternately in one run (best of REPS after a warm-up) so that load on a shared
 machine hits both alike.
 
-    python benchmarks/sampling_fields.py [--threads 1] [--reps 5] [--vocab 128256]
+    python benchmarks/sampler/sampling_fields.py [--threads 1] [--reps 5] [--vocab 128256]
 """
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from bench_env import load_average, machine, utc_now
 from speclab.engine import SamplingParams, processor_rows
 from speclab.metadata import SpecDecodeMetadata
 from speclab.sampling import SamplingMetadata, rejection_sampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+from bench_env import load_average, machine, utc_now  # noqa: E402
 
 KAPPA, PROMPT, OUTPUT = 3, 512, 256
 ON = dict(temperature=0.8, presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.1,

@@ -1,9 +1,9 @@
 """Serving on a CPU with speclab's engine: continuous batching against static batches, and prefix caching on and off,
 side by side in one run.
 
-    python benchmarks/cpu_serving.py --threads 1       # the shipped tiny pair, both parts, two interleaved repeats
-    python benchmarks/cpu_serving.py --json            # one JSON object
-    python benchmarks/cpu_serving.py --part prefix     # one part only (batching | prefix)
+    python benchmarks/serving/cpu_serving.py --threads 1       # the shipped tiny pair, both parts, two interleaved repeats
+    python benchmarks/serving/cpu_serving.py --json            # one JSON object
+    python benchmarks/serving/cpu_serving.py --part prefix     # one part only (batching | prefix)
 
 (a) Continuous batching. --requests (64) held-out prompts of --prompt-len (64) tokens, greedy, ignore_eos, output
 lengths spread evenly over --min-tokens..--max-tokens (16..256) in a shuffled (seeded) order, all arriving at once.
@@ -35,8 +35,11 @@ import sys
 import time
 
 import torch
+from pathlib import Path
 
-from bench_env import load_average, machine, utc_now
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+from bench_env import load_average, machine, utc_now  # noqa: E402
+
 
 BLOCK_SIZE = 16
 
@@ -227,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
     draft = load_model(tiny_pair_path("draft"))
     res = dict(date=utc_now(), machine=machine(),
                torch=torch.__version__, load_average_before=load_average(),
-               command="python benchmarks/cpu_serving.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+               command="python benchmarks/serving/cpu_serving.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                repeats=a.repeats)
     t0 = time.perf_counter()
     if a.part in ("both", "batching"):

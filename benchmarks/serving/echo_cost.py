@@ -3,8 +3,8 @@
 `echo` with `logprobs` scores the prompt: one target forward over it (`Score`, Chapter 11), run on the engine thread
 between two steps. While it runs no stream gets a token. This script measures how long that is on the shipped pair.
 
-    python benchmarks/echo_cost.py                      # prompt lengths 16, 64, 128, 256, 480
-    python benchmarks/echo_cost.py --lengths 32,480 --json
+    python benchmarks/serving/echo_cost.py                      # prompt lengths 16, 64, 128, 256, 480
+    python benchmarks/serving/echo_cost.py --lengths 32,480 --json
 
 (a) Score alone. An EngineLoop on the shipped pair (kappa 3), idle; `Score(ids, params, 5)` asked and waited for:
 the prompt decoded and scored with its top 5 alternatives. Reported: the median over --repeats (5) of the wall time,
@@ -31,7 +31,7 @@ import httpx
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
 from bench_env import load_average, machine, utc_now  # noqa: E402
 
 from speclab.engine import SamplingParams  # noqa: E402

@@ -1,8 +1,8 @@
 """`speclab serve` under load on localhost: many more concurrent streamed requests than the server runs at once.
 
-    python benchmarks/serve_load.py                    # 64 requests against --max-num-seqs 16, the shipped pair
-    python benchmarks/serve_load.py --draft none       # the same against a plain server
-    python benchmarks/serve_load.py --json             # one JSON object
+    python benchmarks/serving/serve_load.py                    # 64 requests against --max-num-seqs 16, the shipped pair
+    python benchmarks/serving/serve_load.py --draft none       # the same against a plain server
+    python benchmarks/serving/serve_load.py --json             # one JSON object
 
 Starts `speclab serve` as a subprocess on 127.0.0.1 (`speclab.testing.serve_process`; nothing leaves this machine),
 then sends --requests streamed completions at once (greedy, ignore_eos, output lengths spread evenly over
@@ -22,8 +22,11 @@ import sys
 import time
 
 import httpx
+from pathlib import Path
 
-from bench_env import load_average, machine, utc_now
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+from bench_env import load_average, machine, utc_now  # noqa: E402
+
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,9 +1,9 @@
 """`speclab serve`'s torch threads: every core (torch's choice) against every core but one (`serve_threads`, the
 default since issue 41), side by side in one run, served over HTTP.
 
-    python benchmarks/serve_threads.py                          # plain and draft model, C = 1 4 16, 2 repeats
-    python benchmarks/serve_threads.py --out benchmarks/serve_threads.json
-    python benchmarks/serve_threads.py --quick                  # smoke run: plain, C = 1, 1 repeat, 16 tokens
+    python benchmarks/serving/serve_threads.py                          # plain and draft model, C = 1 4 16, 2 repeats
+    python benchmarks/serving/serve_threads.py --out benchmarks/serving/serve_threads.json
+    python benchmarks/serving/serve_threads.py --quick                  # smoke run: plain, C = 1, 1 repeat, 16 tokens
 
 What: the shipped tiny pair, `speclab serve` started once per (drafter, threads) with `--threads T` for T in 1 ..
 cores (each server also at the same `--kappa`; plain is `--draft none`), all servers up at once, each warmed with a
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
 import vllm_env  # noqa: E402
 from bench_env import load_average, machine, utc_now  # noqa: E402
 from vllm_peer import run_level, warm_up  # noqa: E402

@@ -2,9 +2,9 @@
 output again at every step (the engine's stop_cut and the server's visible_text before issue 26, copied below and
 marked) against Chapter 7's Detokenizer, side by side in one run.
 
-    python benchmarks/stream_cost.py                  # both parts
-    python benchmarks/stream_cost.py --part text      # one part only (text | server)
-    python benchmarks/stream_cost.py --json           # one JSON object
+    python benchmarks/serving/stream_cost.py                  # both parts
+    python benchmarks/serving/stream_cost.py --part text      # one part only (text | server)
+    python benchmarks/serving/stream_cost.py --json           # one JSON object
 
 (a) Text. The shipped tokenizer; a request's output is n held-out tokens (n = 100 and 3,000) emitted --per-step (4:
 kappa 3, every draft accepted) a step, with one stop string that never appears (so stops are checked and the stream
@@ -37,10 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
-from bench_env import load_average, machine, utc_now
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+from bench_env import load_average, machine, utc_now  # noqa: E402
+
 
 OLD_REV = "f81bdbf"   # the last commit before issue 26's engine and server
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STOP = "\n\n\n\n\n\n"  # a stop string the held-out text never holds
 
 
@@ -234,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(server_worker(a)))
         return 0
     res = {"date": utc_now(), "machine": machine(), "load_before": load_average(),
-           "command": "python benchmarks/" + " ".join([Path(__file__).name] + (argv or sys.argv[1:]))}
+           "command": "python benchmarks/serving/" + " ".join([Path(__file__).name] + (argv or sys.argv[1:]))}
     if a.part in ("text", "all"):
         res["text"] = text_part(a)
     if a.part in ("server", "all"):

@@ -15,8 +15,8 @@ Each row records the wall time of each phase, the bytes of the wheels pip downlo
 the virtual environment, the torch that came with it, the demo's speed line and, with --tests, the test command's
 wall time and pytest's closing line. Standard library only. A row with --tests runs for most of an hour:
 
-    python3 benchmarks/fresh_setup.py --rows 3.12:pypi --tests          # the two commands, end to end
-    python3 benchmarks/fresh_setup.py --rows 3.11:cpu-first --cpu-wheel torch-2.13.0+cpu-cp311-...whl
+    python3 benchmarks/setup/fresh_setup.py --rows 3.12:pypi --tests          # the two commands, end to end
+    python3 benchmarks/setup/fresh_setup.py --rows 3.11:cpu-first --cpu-wheel torch-2.13.0+cpu-cp311-...whl
 """
 import argparse
 import json
@@ -31,9 +31,9 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "setup"))
 import pins  # noqa: E402  (the stranger's environment for pip; find_python)
 from install_matrix import tree_bytes  # noqa: E402
 
@@ -129,7 +129,7 @@ def main() -> int:
     ap.add_argument("--cpu-wheel", type=Path, default=None, help="PyTorch's CPU wheel of the pinned torch")
     ap.add_argument("--tests", action="store_true", help="also run the README's test command")
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a new one under /tmp)")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "fresh_setup.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "setup" / "fresh_setup.json")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="speclab-fresh-setup-"))
     log(f"work folder {work}")

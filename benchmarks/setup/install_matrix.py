@@ -27,8 +27,8 @@ was measured on, pip's HTTP cache stays empty anyway (its package mirror sends n
 fetches its wheels anew. Standard library only; it runs for a long time (gigabytes of CUDA wheels): run it in the
 background and read the table at the end.
 
-    .venv/bin/python benchmarks/install_matrix.py                  # every row; writes benchmarks/install_matrix.json
-    .venv/bin/python benchmarks/install_matrix.py --rows 3.12:fresh --keep --out /tmp/one.json
+    .venv/bin/python benchmarks/setup/install_matrix.py                  # every row; writes benchmarks/setup/install_matrix.json
+    .venv/bin/python benchmarks/setup/install_matrix.py --rows 3.12:fresh --keep --out /tmp/one.json
 """
 import argparse
 import json
@@ -48,7 +48,7 @@ import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PYENV = Path.home() / ".pyenv" / "versions"
 DEFAULT_ROWS = ["3.11:floor", "3.11:torch-kept", "3.12:fresh", "3.13:fresh", "3.10:fresh", "3.11:fresh"]
 LOCAL_TORCH = sorted(Path("/opt/wheels").glob("torch-*+cpu-cp311-*.whl"))  # this machine's CPU wheel, if any
@@ -441,14 +441,14 @@ def pip_caps(config: list) -> str:
 
 
 def render(result: dict, out: Path) -> None:
-    "benchmarks/install_matrix.md: date, machine, pip, the command, the table, and what each column means."
+    "benchmarks/setup/install_matrix.md: date, machine, pip, the command, the table, and what each column means."
     rows = result["rows"]
     checked = ""
     if "constraints_date" in result:
         checked = f", rerun on {result['constraints_date']} (`--recheck-constraints`)"
     body = f"""# Install matrix
 
-Written by `benchmarks/install_matrix.py` from `benchmarks/install_matrix.json`; rerun it to refresh.
+Written by `benchmarks/setup/install_matrix.py` from `benchmarks/setup/install_matrix.json`; rerun it to refresh.
 
 - Date: {result["date"]} (UTC)
 - Machine (`lscpu`, `free -g`): {run(["nproc"]).stdout.strip()} cores, \
@@ -458,7 +458,7 @@ Written by `benchmarks/install_matrix.py` from `benchmarks/install_matrix.json`;
 {lscpu()}
 ```
 
-- Command: `.venv/bin/python benchmarks/install_matrix.py` (in the background, `nohup ... &`: 20 minutes here)
+- Command: `.venv/bin/python benchmarks/setup/install_matrix.py` (in the background, `nohup ... &`: 20 minutes here)
 - Wheel: `{result["wheel"]}`, built with `python -m build --wheel` from the committed tree
 - pip: {result["pip"]} (one pip for every row: `pip --python VENV/bin/python install`); its configuration here:
 {chr(10).join("  - `" + line + "`" for line in result["pip_config"])}
@@ -514,7 +514,7 @@ def main() -> int:
     ap.add_argument("--triton-versions", default=None,
                     help="only run tests/test_kernels.py with each of these Triton versions (e.g. 3.6.0,3.7.1), "
                          "into --out's JSON and .md (stop at the first failure: -x)")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "install_matrix.json")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "setup" / "install_matrix.json")
     ap.add_argument("--render", action="store_true", help="only write the .md beside --out from its JSON")
     ap.add_argument("--recheck-constraints", action="store_true",
                     help="only rerun the fresh rows' `-c constraints.txt` dry-runs, into --out's JSON and .md")

@@ -1,7 +1,7 @@
 """How long a student waits for each chapter: `nbdev_test --path` on every notebook, one at a time, wall seconds.
 
-    .venv/bin/python benchmarks/chapter_times.py                 # as a student runs a chapter (slow cells skipped)
-    .venv/bin/python benchmarks/chapter_times.py --flags slow    # as CI runs it (slow cells included)
+    .venv/bin/python benchmarks/suite/chapter_times.py                 # as a student runs a chapter (slow cells skipped)
+    .venv/bin/python benchmarks/suite/chapter_times.py --flags slow    # as CI runs it (slow cells included)
 
 Prints one row per notebook and the machine's load average before each run, so a busy machine shows in the table.
 A measurement, not a test: nothing here passes or fails on time.
@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 

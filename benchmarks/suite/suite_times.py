@@ -3,7 +3,7 @@
 Run the suite with its clock writing per-test figures (tests/suite_clock.py), then this script on the result:
 
     SPECLAB_TEST_TIMES=/tmp/times.json .venv/bin/python -m pytest
-    .venv/bin/python benchmarks/suite_times.py /tmp/times.json [--slowdown 2.0]
+    .venv/bin/python benchmarks/suite/suite_times.py /tmp/times.json [--slowdown 2.0]
 
 It prints markdown for benchmarks/RESULTS.md: each file's wall and CPU seconds (summed over its tests; under
 pytest-xdist the files run on every core at once, so the sums exceed the suite's wall time), and for each law test its
@@ -19,7 +19,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TRITON_INTERPRET", "1")
 

@@ -20,10 +20,10 @@ each node to its ancestors, positions start + depth); the first prefix checks it
 Draft rows: one forward per expanded node (prefix + path as a chain; the draft has 2 layers). All rows are memoised per
 token path, as logits, so both temperatures share them.
 
-    .venv/bin/python benchmarks/tree_acceptance.py                  # defaults: P = 48, about 2-4 minutes on 2 cores
-    .venv/bin/python benchmarks/tree_acceptance.py --prefixes 8 --trees 2 --repeats 5   # a quick look
+    .venv/bin/python benchmarks/trees/tree_acceptance.py                  # defaults: P = 48, about 2-4 minutes on 2 cores
+    .venv/bin/python benchmarks/trees/tree_acceptance.py --prefixes 8 --trees 2 --repeats 5   # a quick look
 
-Writes benchmarks/tree_acceptance.json and benchmarks/tree_acceptance.md (--out) and prints the tables.
+Writes benchmarks/trees/tree_acceptance.json and benchmarks/trees/tree_acceptance.md (--out) and prints the tables.
 """
 import argparse
 import json
@@ -328,7 +328,7 @@ def main(argv=None):
            "seconds": {"exact": round(t_exact, 1), "sampled": round(t_sampled, 1),
                        "total": round(time.perf_counter() - t_start, 1)}}
     res["reading"] = reading(res) if a.max_nodes == 16 and 4 in a.topks else "(quick look: no reading)"
-    command = "python benchmarks/tree_acceptance.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python benchmarks/trees/tree_acceptance.py " + " ".join(argv if argv is not None else sys.argv[1:])
     md = report(res, command.strip())
     Path(a.out + ".json").write_text(json.dumps(res, indent=1) + "\n")
     Path(a.out + ".md").write_text(md + "\n")

@@ -1,7 +1,7 @@
 """Tokens per second of plain decoding, chain speculation and EAGLE-2 token trees in speclab's engine.
 
-    python benchmarks/tree_engine.py                      # writes benchmarks/tree_engine.json and .md
-    python benchmarks/tree_engine.py --rounds 3 --out-json FILE --out-md FILE
+    python benchmarks/trees/tree_engine.py                      # writes benchmarks/trees/tree_engine.json and .md
+    python benchmarks/trees/tree_engine.py --rounds 3 --out-json FILE --out-md FILE
 
 On the shipped tiny pair (fp32; two torch threads), the 16 held-out prompts of 64 tokens (`eval_prompts(16, 64,
 seed=0)`) are served with `max_num_seqs` = concurrency (continuous batching), `--tokens` new tokens each (EOS
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "common"))
 from bench_env import load_average, utc_now  # noqa: E402
 
 from speclab.engine import ModelDrafter, SamplingParams, SpecDecoder  # noqa: E402
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict:
             params = SamplingParams(temperature=t, max_tokens=a.tokens, ignore_eos=True)
             for name, eng in grid[c].items():
                 runs[(c, t)][name].append(run(eng, prompts, params))
-    cmd = ["python benchmarks/tree_engine.py"] + list(argv if argv is not None else sys.argv[1:])
+    cmd = ["python benchmarks/trees/tree_engine.py"] + list(argv if argv is not None else sys.argv[1:])
     out = {"date": utc_now(), "machine": cpu_model(), "cpus": os.cpu_count(),
            "torch_threads": torch.get_num_threads(),
            "torch": torch.__version__, "load_before": load_before, "load_after": load_average(),

@@ -21,8 +21,8 @@ A try that runs with a tree would be measured like a control. It writes OUT.json
 reading of the result for 0.32.0) and prints the report.
 About 3-6 minutes on 2 cores (each vLLM start takes 45-120 s; a refused start 10-20 s).
 
-    .venv/bin/python benchmarks/vllm_tree.py                        # all tries, 4 prompts x 32 tokens, C = 1 8
-    .venv/bin/python benchmarks/vllm_tree.py --no-controls          # the tree tries and the source probe only
+    .venv/bin/python benchmarks/trees/vllm_tree.py                        # all tries, 4 prompts x 32 tokens, C = 1 8
+    .venv/bin/python benchmarks/trees/vllm_tree.py --no-controls          # the tree tries and the source probe only
 """
 import argparse
 import ast
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
 import vllm_env  # noqa: E402
 from vllm_peer import acceptance, machine, run_level, try_scrape, versions, write_eagle_head  # noqa: E402
 from speclab.remote import served_model  # noqa: E402

@@ -22,8 +22,8 @@ against concurrency, both engines, one panel per drafter). The load average is r
 on a shared machine, read the figures next to it. No timing is asserted; a server that fails to start is recorded
 as an error for its drafter and the run goes on.
 
-    .venv/bin/python benchmarks/vllm_peer.py                      # all drafters, C = 1 2 4 8 16, 8 prompts x 64
-    .venv/bin/python benchmarks/vllm_peer.py --quick              # smoke run: n-gram only, 2 prompts x 16, C = 1 2
+    .venv/bin/python benchmarks/vllm_peer/vllm_peer.py                      # all drafters, C = 1 2 4 8 16, 8 prompts x 64
+    .venv/bin/python benchmarks/vllm_peer/vllm_peer.py --quick              # smoke run: n-gram only, 2 prompts x 16, C = 1 2
 """
 import argparse
 import json
@@ -41,7 +41,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
 import vllm_env  # noqa: E402
 from speclab.remote import served_model  # noqa: E402
 from speclab.sweep import sweep_prompts  # noqa: E402
@@ -395,7 +395,7 @@ def parse_args(argv: list | None = None) -> argparse.Namespace:
     p.add_argument("--max-num-seqs", type=int, default=16, help="both servers' running limit (16)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per HTTP request (600)")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "vllm_peer"),
-                   help="path stem: writes STEM.json, STEM.md, STEM.png (benchmarks/vllm_peer)")
+                   help="path stem: writes STEM.json, STEM.md, STEM.png (benchmarks/vllm_peer/vllm_peer)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: n-gram only (unless --drafters), 2 prompts x 16 tokens, C = 1 2, one repeat")
     args = p.parse_args(argv)
