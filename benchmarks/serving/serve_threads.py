@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "vllm_peer"))   # its client and records
 import vllm_env  # noqa: E402
 from bench_env import load_average, machine, utc_now  # noqa: E402
 from vllm_peer import run_level, warm_up  # noqa: E402

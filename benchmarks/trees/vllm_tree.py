@@ -39,6 +39,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "vllm_peer"))   # its client and records
 import vllm_env  # noqa: E402
 from vllm_peer import acceptance, machine, run_level, try_scrape, versions, write_eagle_head  # noqa: E402
 from speclab.remote import served_model  # noqa: E402
