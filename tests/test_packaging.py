@@ -190,7 +190,7 @@ def third_party_imports() -> dict:
 
 def test_every_import_comes_with_the_library():
     """Every third-party module speclab's code imports is installed by `pip install speclab` alone (a requirement, or
-    one of theirs), never only by an extra: pydantic, used directly by Chapter 11, was missing before issue 39."""
+    one of theirs), never only by an extra: pydantic, used directly by Chapter 11, was once missing."""
     from importlib.metadata import packages_distributions
     owners, runtime = packages_distributions(), set(closure(extras=()))
     direct = {canonicalize_name(r.name) for r in requirements()}

@@ -2,7 +2,7 @@
 
     python benchmarks/audit/audit_default.py [--budget 12000] [--out /tmp/audit.json --html /tmp/audit.html]
 
-Prints the audit's own output, its exit status and its wall time (issue 29 asks for under 5 minutes on this CPU).
+Prints the audit's own output, its exit status and its wall time (the goal is under 5 minutes on this CPU).
 """
 import argparse
 import subprocess

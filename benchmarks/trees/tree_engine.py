@@ -123,7 +123,7 @@ def fmt(x: float | None, spec: str) -> str:
 
 def markdown(out: dict) -> str:
     "The report: date, machine, command, the table (the reading is written by hand below it)."
-    lines = ["# Chain vs token-tree speculation in speclab's engine (issue 42, measured)", "",
+    lines = ["# Chain vs token-tree speculation in speclab's engine (measured)", "",
              f"- date: {out['date']}", f"- machine: {out['machine']} ({out['cpus']} cores, {out['torch_threads']} "
              f"torch threads), torch {out['torch']}", f"- load average (1 min) before / after: "
              f"{out['load_before']} / {out['load_after']}", f"- command: `{out['command']}`",
