@@ -111,7 +111,7 @@ MISTAKES = [
     (["generate", "--target", "tiny", "--ngram", "2", "--prompts", "/no/such/file"], ["--prompts file not found"]),
     (["generate", "--target", "tiny", "--ngram", "2", "--prompt", "x", "--kappa", "-1"],
      ["argument --kappa: expected auto or an integer >= 0, got -1"]),
-    # issue 41: --kappa auto|N and the draft's stopping rule, every bad value named by its flag
+    # --kappa auto|N and the draft's stopping rule, every bad value named by its flag
     ([*GEN, "--draft", "tiny", "--kappa", "abc"], ["speclab generate: error: argument --kappa: expected auto or an "
                                                     "integer >= 0, got 'abc'"]),
     ([*GEN, "--draft", "tiny", "--min-confidence", "1.5"], ["--min-confidence must lie in [0, 1), got 1.5"]),

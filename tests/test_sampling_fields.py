@@ -1,4 +1,4 @@
-"""Every history-dependent sampling field is exact under speculation (issue 27; Chapters 3, 5 and 8).
+"""Every history-dependent sampling field is exact under speculation (Chapters 3, 5 and 8).
 
 Penalties (presence, frequency, repetition), logit_bias, min_p, min_tokens, allowed_token_ids and bad_words are applied
 by one stage to every verify position with the history plain decoding would have had there: the committed tokens plus
