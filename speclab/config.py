@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from dataclasses import replace
 
 from .model import Llama
 

@@ -7,7 +7,7 @@ __all__ = ['DRAFTER_NAMES', 'Proposal', 'Drafter', 'check_drafter', 'ngram_propo
            'keep_drafting', 'draw_drafts', 'ChainDrafter', 'ModelDrafter']
 
 # %% ../nbs/08d_drafters.ipynb #d31f204e
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -15,6 +15,9 @@ from .model import Llama, forward_paged, long_tensor, paged_batch, paged_cache
 from .processors import batch_processors, grow_history, request_probs, take_rows
 from .request import RequestState
 from .sampling import ProcessorRows, draw_tokens, neutralize, no_valid_rows, process_logits
+
+if TYPE_CHECKING:                      # the scheduler's plan: drafters read it (the scheduler imports Proposal)
+    from speclab.scheduler import StepPlan
 
 # %% ../nbs/08d_drafters.ipynb #9bb4e7f3
 class Proposal(NamedTuple):

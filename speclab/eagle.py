@@ -15,7 +15,6 @@ __all__ = ['HEAD_ARCH', 'EAGLE3_ARCHS', 'EAGLE_NAMES', 'eagle3_layers', 'last_la
 import argparse
 import copy
 import json
-import math
 import sys
 import time
 from collections.abc import Sequence
@@ -37,7 +36,6 @@ from .kv import PagedKV
 from .model import (Attend, Llama, LlamaArgs, PagedBatch, RMSNorm, _layer, apply_rope, decoder_layer,
                            load_model, mlp, pack_state_dict, paged_attend, paged_batch, paged_cache, rope_cos_sin,
                            rope_inv_freq)
-from .sampling import draw_tokens
 from .train import causal_attend, lr_at, shipped_heldout_ids, tiny_pair_path
 
 # %% ../nbs/12_eagle.ipynb #62216081

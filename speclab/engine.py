@@ -57,7 +57,7 @@ def check_pair(target: Llama, drafter: Drafter | None, tokenizer: Any | None) ->
         raise ValueError("the draft's tokenizer differs from the target's: token ids would mean different text")
 
 def check_policy(policy: object) -> None:
-    "A kappa policy is any object with choose(StepView) -> kappas and observe(StepTime) (Chapter 8b)."
+    "A kappa policy is any object with choose(StepView) -> kappas and observe(StepTime) (page 8g)."
     missing = [name for name in ("choose", "observe") if not callable(getattr(policy, name, None))]
     if missing:
         raise TypeError(f"policy must have choose(view) and observe(step), like KappaPolicy: "

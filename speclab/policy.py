@@ -9,7 +9,7 @@ __all__ = ['EXPLORE_RUN', 'StepCosts', 'live_alpha', 'CostFit', 'seeded_kappas',
 # %% ../nbs/08g_policy.ipynb #7fff309f
 import math
 from dataclasses import astuple, dataclass, fields
-from typing import Any, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

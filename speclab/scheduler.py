@@ -233,7 +233,7 @@ def schedule(self: Scheduler) -> StepPlan:
 @patch
 def observe(self: Scheduler, plan: StepPlan, proposal: Proposal, seconds: float) -> StepTime:
     """What the step verified and drafted, and how long it took. The policy (if any) learns from steady decode
-    steps only: one context position per request, and of the same kind as the step before (Chapter 8b)."""
+    steps only: one context position per request, and of the same kind as the step before (page 8g)."""
     drafted = [len(d) for d in proposal.drafts]
     shape = StepTime(plan.num_context + sum(drafted), sum(n > 0 for n in drafted), max(drafted, default=0), seconds)
     steady = plan.num_context == len(plan.requests) and (shape.kappa > 0) == self.last_drafted

@@ -41,6 +41,7 @@ import torch
 
 from speclab.eagle import (EagleDrafter, EagleHead, eagle3_hidden, eagle3_logits, eagle_drafter, eagle_path, init_head,
                            is_eagle_head, load_eagle3, load_head, save_head, target_hidden, write_eagle3)
+from speclab.drafters import Drafter
 from speclab.request import SamplingParams
 from speclab.engine import SpecDecoder
 from speclab.model import generate as plain_generate
@@ -75,12 +76,12 @@ class Recompute(EagleDrafter):
         return super().propose(plan)
 
 
-class Recording:
-    "Wraps a drafter and records every step's drafts per request id."
+class Recording(Drafter):
+    "Wraps a drafter and records every step's drafts per request id (its capabilities are the inner drafter's)."
     def __init__(self, inner):
         self.inner, self.drafts = inner, {}
         self.uses_probs, self.vocab_size, self.tokenizer = inner.uses_probs, inner.vocab_size, None
-        self.reuses_prefix_kv = getattr(inner, "reuses_prefix_kv", True)
+        self.reuses_prefix_kv, self.has_cache = inner.reuses_prefix_kv, inner.has_cache
 
     def bind(self, *a):
         self.inner.bind(*a)
@@ -89,10 +90,10 @@ class Recording:
         return self.inner.forward_target(*a)
 
     def propose(self, plan):
-        drafts, q, fed = self.inner.propose(plan)
-        for r, d in zip(plan.requests, drafts):
+        proposal = self.inner.propose(plan)
+        for r, d in zip(plan.requests, proposal.drafts):
             self.drafts.setdefault(r.req_id, []).append(tuple(d))
-        return drafts, q, fed
+        return proposal
 
 
 def eagle(vocab_size=V, cls=EagleDrafter):
@@ -298,7 +299,7 @@ def test_shipped_head_outdrafts_the_draft_model():
     trained 3,500 steps (0.455 -> 0.598 held-out top-1 agreement at level 0). The smallest margin, kappa 1, is 0.07
     (102 drafts accepted of 145 against 99 of 157); float rounding on another CPU flips a greedy argmax only at near
     ties, so a flip of the verdict would need many of them."""
-    from speclab.drafters import ModelDrafter
+    from speclab.drafters import Drafter, ModelDrafter
     target = shipped()
     draft = load_model(tiny_pair_path("draft"))
     for kappa in (1, 3, 5):

@@ -57,7 +57,7 @@ import numpy as np
 import pytest
 
 from speclab.request import DRAFT_SALT, RequestState, SamplingParams
-from speclab.drafters import ModelDrafter, NgramDrafter
+from speclab.drafters import Drafter, ModelDrafter, NgramDrafter, Proposal
 from speclab.engine import SpecDecoder, cycle_collector_paused
 from speclab.policy import KappaPolicy, StepCosts
 from speclab.kv import Request, hash_chain
@@ -242,8 +242,8 @@ class RecordingPolicy(KappaPolicy):
         super().__init__(costs, alpha_prior=0.5, explore=0.1, optimism=1.0)   # a tenth of the steps explore, too
         object.__setattr__(self, "chosen", chosen)
 
-    def choose(self, batch, caps, num_context):
-        kappas = super().choose(batch, caps, num_context)
+    def choose(self, step):
+        kappas = super().choose(step)
         self.chosen.update(kappas)
         return kappas
 
@@ -258,7 +258,7 @@ class PeekingDrafter(ModelDrafter):
     """Planted: at a request's first step, keeps its drafts only when the target is sure to accept the first one
     (p >= q), else drafts nothing. How many drafts it keeps depends on the target's verdict: biased."""
     def propose(self, plan):
-        drafts, q, fed = super().propose(plan)
+        drafts, q, fed, _ = super().propose(plan)
         keep, start = [], 0
         for r, d in zip(plan.requests, drafts):
             rows = list(range(start, start + len(d)))
@@ -269,7 +269,7 @@ class PeekingDrafter(ModelDrafter):
                     d.clear()
                     rows = []
             keep += rows
-        return drafts, None if q is None else q[keep], fed
+        return Proposal(drafts, None if q is None else q[keep], fed)
 
 
 @lru_cache(maxsize=None)
@@ -486,16 +486,14 @@ def test_metrics_are_consistent(drafter):
     assert eng.stats["steps"] > 0
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(Drafter):
     """Drafts the target's greedy continuation of PROMPT (known in advance) with draft number `wrong_at` (0-based)
     replaced by another token: under greedy verification every step accepts exactly min(wrong_at, kappa) drafts."""
     uses_probs = False
+    has_cache = False
 
     def __init__(self, ref, wrong_at):
         self.ref, self.wrong_at = ref, wrong_at
-
-    def bind(self, num_blocks, block_size, sliding_window):
-        pass
 
     def propose(self, plan):
         drafts = []
@@ -504,7 +502,7 @@ class ScriptedDrafter:
             if self.wrong_at is not None and self.wrong_at < k:
                 d[self.wrong_at] = (d[self.wrong_at] + 1) % V
             drafts.append(d)
-        return drafts, None
+        return Proposal(drafts)
 
 
 # kappa 4, max_tokens 15, 3 requests; each step drafts min(4, 14 - tokens so far), none once 14 are out. Worked by hand:

@@ -503,3 +503,80 @@ def test_planted_bugs_fail_the_exact_test(bug):
     _, wrong = stage_mismatches(spy_run("model", "one-batch", bug)[0])
     broken = set(BUGS[bug]) | ({"bad_words"} if bug.startswith("bad_words") else set())   # alone: see NAMES
     assert broken <= wrong, f"planted {bug}: the exact test missed {broken - wrong}"
+
+
+# --- The empty-row rule on every row of every step (vLLM's own sampler tests, ported) ---------------------------------
+
+def _mixed_logits(rows, dead, V=32):
+    "vLLM's fake logits (1e-2 everywhere: argmax is token 0) with the rows in `dead` all -inf."
+    logits = torch.full((rows, V), 1e-2)
+    logits[list(dead)] = float("-inf")
+    return logits
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_no_valid_token_mixed_batch(temperature):
+    """vLLM's test_no_valid_token_mixed_batch: a valid row, an all -inf row, a valid row, and no request uses a
+    processor. Only the middle request gets NO_VALID_TOKEN_ID (its request ends there); the others sample normally
+    (greedy: argmax of uniform logits, token 0). Through the rejection sampler and through plain decoding's sampler."""
+    from speclab.metadata import SpecDecodeMetadata
+    from speclab.processors import sample_plain
+    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+    md = SpecDecodeMetadata.from_drafts([[], [], []])
+    sm = sampling.SamplingMetadata.from_lists([temperature] * 3, [0] * 3, [1.0] * 3, gens)
+    out = sampling.rejection_sampler(md, _mixed_logits(3, [1]), None, sm)
+    assert out[:, 0].tolist()[1] == sampling.NO_VALID_TOKEN_ID
+    assert all(0 <= t < 32 for t in out[[0, 2], 0].tolist())
+    if temperature == 0:
+        assert out[[0, 2], 0].tolist() == [0, 0]
+    plain = sample_plain(_mixed_logits(3, [1]), [SamplingParams(temperature=temperature)] * 3, gens)
+    assert plain[1].item() == sampling.NO_VALID_TOKEN_ID and all(0 <= t < 32 for t in plain[[0, 2]].tolist())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_no_valid_token_all_neginf_detected(temperature):
+    """vLLM's test_no_valid_token_all_neginf_detected, and its neighbours: only a row whose every logit is -inf is
+    empty; a row with one finite logit among -inf is not (it emits that token), nor is a row of NaN (which the
+    sampler refuses as bad input instead). With drafts, a request cut at an empty verify row emits the drafts
+    accepted before it, then NO_VALID_TOKEN_ID, and nothing after."""
+    from speclab.metadata import SpecDecodeMetadata
+    gen = [torch.Generator().manual_seed(0)]
+    md = SpecDecodeMetadata.from_drafts([[]])
+    sm = sampling.SamplingMetadata.from_lists([temperature], [0], [1.0], gen)
+    assert sampling.rejection_sampler(md, _mixed_logits(1, [0]), None, sm).tolist() == [[sampling.NO_VALID_TOKEN_ID]]
+    one = _mixed_logits(1, [0])
+    one[0, 5] = 1.0
+    assert sampling.rejection_sampler(md, one, None, sm).tolist() == [[5]]
+    with pytest.raises(ValueError, match="NaN"):
+        sampling.rejection_sampler(md, torch.full((1, 32), float("nan")), None, sm)
+    md2 = SpecDecodeMetadata.from_drafts([[0, 0]])                   # two drafts of token 0 (argmax: accepted)
+    sm2 = sampling.SamplingMetadata.from_lists([0.0], [0], [1.0], gen)
+    out = sampling.rejection_sampler(md2, _mixed_logits(3, [1]), None, sm2)   # the second verify row is empty
+    assert out.tolist() == [[0, sampling.NO_VALID_TOKEN_ID, sampling.PLACEHOLDER_TOKEN_ID]]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_model_emptied_row_ends_its_request_alone(temperature):
+    """The engine, no processor anywhere in the batch: the model's first row for one request is all -inf. That
+    request ends with the empty-row error and no token (not token 0 under greedy, no exception when sampling); its
+    neighbour decodes exactly as it does without the fault."""
+    target, _ = tiny_random_pair()
+    params = [SamplingParams(temperature=temperature, seed=1, max_tokens=6),
+              SamplingParams(temperature=temperature, seed=2, max_tokens=6)]
+    clean = SpecDecoder(target, None).generate([[1, 2, 3], [4, 5]], params)
+    eng = SpecDecoder(target, None)
+    forward = eng.runner.forward
+    calls = []
+
+    def first_row_dead(pb, logits_indices):
+        logits = forward(pb, logits_indices)
+        calls.append(1)
+        if len(calls) == 1:
+            logits[0] = float("-inf")                                  # request 0's one row in the first step
+        return logits
+
+    eng.runner.forward = first_row_dead
+    outs = eng.generate([[1, 2, 3], [4, 5]], params)
+    assert (outs[0].token_ids, outs[0].finish_reason) == ([], "error")
+    assert "leave no token to sample at output position 0" in outs[0].error
+    assert outs[1].token_ids == clean[1].token_ids and outs[1].finish_reason == "length"

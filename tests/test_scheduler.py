@@ -209,8 +209,8 @@ class ChoiceCounter(KappaPolicy):
         super().__init__(ADAPTIVE_COSTS, alpha_prior=0.5, optimism=1.0)   # as KappaPolicy.adaptive plans
         object.__setattr__(self, "chosen", np.zeros(4, np.int64))
 
-    def choose(self, batch, caps, num_context):
-        kappas = super().choose(batch, caps, num_context)
+    def choose(self, step):
+        kappas = super().choose(step)
         np.add.at(self.chosen, kappas, 1)
         return kappas
 

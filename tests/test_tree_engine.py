@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-import speclab.engine
+import speclab.tree_verify
 from speclab.request import SamplingParams
 from speclab.engine import SpecDecoder
 from speclab.model import load_model
@@ -98,7 +98,7 @@ def buggy_tree_verify(tree_tokens, parents, target_probs, coins, final_coin):
 @pytest.mark.xdist_group("tree-engine-grid")
 def test_planted_tree_verifier_is_rejected(monkeypatch):
     "The same harness and sizes reject a tree walk whose residual forgets the refused children."
-    monkeypatch.setattr(speclab.engine, "tree_verify", buggy_tree_verify)
+    monkeypatch.setattr(speclab.tree_verify, "tree_verify", buggy_tree_verify)
     counts, _ = grid.run_law(NODES, grid_sizes()[:1], GROUPS[:1], lambda call, batch: tree_engine(call, batch, "bug"))
     pval, df, _ = grid.check_law(counts[0], grid.law(*GROUPS[0]), grid_sizes()[0])
     assert df > 0 and pval < LEVEL, f"the planted verifier passed: p = {pval:.3g}"
