@@ -168,9 +168,12 @@ def test_serve_load_smoke() -> None:
 
 
 def script(name: str):
-    "A benchmark script of benchmarks/ imported as a module (its pure functions; main() is not run)."
+    """A benchmark script of benchmarks/ (or of one of its topic folders) imported as a module (its pure functions;
+    main() is not run)."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+    bench = ROOT / "benchmarks"
+    path = next(p for p in (bench / f"{name}.py", *sorted(bench.glob(f"*/{name}.py"))) if p.is_file())
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
