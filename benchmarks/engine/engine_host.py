@@ -1,17 +1,32 @@
-"""The engine's host time, before and after issue 26's plan / runner / update split, side by side in one run.
+"""The engine's host time per step, two speclab trees side by side in one run.
 
-    python benchmarks/engine_host.py                     # before = REF (a git revision), after = this checkout
-    python benchmarks/engine_host.py --ref f81bdbf --rounds 2 --json
+    git worktree add --detach /work/wt-before a05f9d2           # the engine before its split, once
+    python benchmarks/engine/engine_host.py --before /work/wt-before --after .          # before vs this checkout
+    python benchmarks/engine/engine_host.py --before /work/wt-before --after . --rounds 5 --json \\
+        > benchmarks/engine/engine_host.json
+    python benchmarks/engine/engine_host.py --before a05f9d2 --after HEAD   # git revisions: worktrees under /tmp
+    python benchmarks/engine/engine_host.py --before . --after . --rounds 5 # the same tree twice: the noise
 
-On the shipped tiny pair (fp32, one torch thread), each side runs in its own process (the old side from a git
-worktree of REF, made under /tmp), alternating old, new, old, new so that a busy machine slows both alike. Per side:
+Each side is a speclab tree (a folder holding the `speclab` package, or a git revision of this checkout, made into a
+detached worktree under /tmp once). Each measurement runs in its own process with PYTHONPATH=<tree> (the process
+checks that it imported that tree's speclab), one torch thread, alternating before, after, before, after ... for
+`--rounds` rounds, so that a machine that gets busier slows both sides alike.
 
-- host time per speculative step (draft model, kappa 3, greedy) at batch 1 and 16, split into the forwards (every
-  `forward_paged` call, target and draft), the sampler, and the rest: scheduling, block manager, metadata, processors,
-  the update, text;
-- plain decoding through the engine (no drafter) vs `speclab.model.generate` at batch 1, tokens/s each and the ratio;
-- speculative vs plain through the engine at batch 1.
-Medians over rounds; ratios new / old computed from the medians of the same run.
+One process measures every configuration on the shipped tiny pair (fp32, greedy, `--tokens` new tokens per request,
+EOS ignored), each engine built by `speclab.serve.load_engine`, which works before and after the split:
+
+- plain: no drafter (kappa 0);
+- chain: the draft model, kappa 3;
+- tree: Chapter 14's TreeDrafter on the draft model, an EAGLE-2 tree (top-2, 3 levels, 5 nodes verified a step);
+- auto: the draft model with kappa "auto" (the process calibrates first, outside the timing; the policy's kappas
+  follow that calibration, so steps per request can differ between processes).
+
+At batch 1 and at `--batch` (default 8): one warm-up generate, then `--reps` timed generates on fresh prompts (no
+prefix-cache hits), the fastest kept. Per step: the total, the forwards (every `forward_paged` call, target and
+draft), the verification (the rejection sampler, or the tree's `tree_verify`), and the rest = total - forwards -
+verification: scheduling, KV bookkeeping, metadata, logits processors, the update, text. The rest is the host time a
+refactor of the engine can change; the forwards are the same code on both sides, so their ratio shows the noise.
+Reported: medians over rounds per side, the ratio after / before of each median, and the spread of the rounds.
 """
 import argparse
 import json
@@ -22,159 +37,254 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[2]     # benchmarks/engine/ -> the checkout
+HERE = Path(__file__).resolve().parent
+TREE = {"topk": 2, "num_steps": 3, "num_draft_tokens": 6}
+CONFIGS = {"plain": {"kappa": 0}, "chain": {"kappa": 3}, "tree": {"tree": TREE}, "auto": {"kappa": "auto"}}
+PARTS = ("total", "forwards", "verify", "rest")
+
+
+def bench_env():
+    "benchmarks/bench_env.py, wherever it lives: benchmarks/common/, benchmarks/ or beside this script."
+    for folder in (HERE.parent / "common", HERE.parent, HERE):
+        if (folder / "bench_env.py").is_file():
+            sys.path.insert(0, str(folder))
+            break
+    import bench_env as env
+    return env
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     "The command line."
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ref", default="f81bdbf", help="git revision of the 'before' engine (default f81bdbf)")
-    ap.add_argument("--new", default=None, help="git revision of the 'after' engine (default: this checkout)")
-    ap.add_argument("--rounds", type=int, default=2, help="old/new alternations (default 2)")
-    ap.add_argument("--tokens", type=int, default=96, help="new tokens per request (default 96)")
+    ap.add_argument("--before", help="the 'before' speclab tree: a folder holding speclab/, or a git revision")
+    ap.add_argument("--after", default=str(ROOT), help="the 'after' tree, the same forms (default: this checkout)")
+    ap.add_argument("--rounds", type=int, default=3, help="before/after alternations (default 3)")
+    ap.add_argument("--tokens", type=int, default=48, help="new tokens per request (default 48)")
+    ap.add_argument("--batch", type=int, default=8, help="the larger batch, beside batch 1 (default 8)")
+    ap.add_argument("--reps", type=int, default=2, help="timed generates per configuration and batch, the fastest "
+                    "kept (default 2)")
+    ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS),
+                    help="what to measure (default: all)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    if a.rounds < 1 or a.tokens < 8:
-        ap.error("--rounds must be >= 1 and --tokens >= 8")
+    if a.rounds < 1 or a.tokens < 8 or a.batch < 1 or a.reps < 1:
+        ap.error("--rounds, --batch and --reps must be >= 1 and --tokens >= 8")
+    if not a.worker and not a.before:
+        ap.error("--before is required: a folder holding speclab/, or a git revision")
     return a
 
 
-def timed(fn, bucket: list):
-    "fn, adding each call's seconds to bucket[0]."
-    def wrapper(*args, **kwargs):
-        t0 = time.perf_counter()
-        out = fn(*args, **kwargs)
-        bucket[0] += time.perf_counter() - t0
-        return out
-    return wrapper
+# One side, in its own process.
+class Timer:
+    "Seconds spent in the outermost calls of the wrapped functions (a wrapped function calling another: once)."
+    def __init__(self):
+        self.seconds, self.depth = 0.0, 0
+
+    def wrap(self, fn):
+        "fn, timed into this timer."
+        def timed(*args, **kwargs):
+            self.depth += 1
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.depth -= 1
+                if self.depth == 0:
+                    self.seconds += time.perf_counter() - t0
+        timed.__wrapped__ = fn
+        return timed
 
 
-def step_split(target, draft, prompts: list, tokens: int) -> dict:
-    "ms per step: total, forwards, sampler, rest, for one speculative generate over `prompts`."
-    import speclab.engine as engine
-    from speclab.engine import ModelDrafter, SamplingParams, SpecDecoder
-    fwd, smp = [0.0], [0.0]
-    original = engine.forward_paged
-    engine.forward_paged = timed(original, fwd)
-    try:
-        eng = SpecDecoder(target, ModelDrafter(draft), kappa=3, max_num_seqs=len(prompts))
-        holder = eng if getattr(eng, "runner", None) is None else eng.runner   # the runner holds it since issue 40
-        holder.sampler = timed(holder.sampler, smp)
-        t0 = time.perf_counter()
-        eng.generate(prompts, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True))
-        total = time.perf_counter() - t0
-    finally:
-        engine.forward_paged = original
-    steps = eng.stats["steps"]
-    ms = {"total": total, "forwards": fwd[0], "sampler": smp[0]}
-    ms = {k: 1e3 * v / steps for k, v in ms.items()}
-    ms["rest"] = ms["total"] - ms["forwards"] - ms["sampler"]
-    ms["steps"] = steps
-    return ms
+def patch_everywhere(name: str, timer: Timer) -> int:
+    """Replace the function `name` of speclab.model / speclab.sampling by its timed wrapper in every loaded speclab
+    module that holds it (whatever module the engine's code calls it from, before or after a split). How many."""
+    import speclab.model
+    import speclab.sampling
+    original = getattr(speclab.model, name, None) or getattr(speclab.sampling, name)
+    wrapped, n = timer.wrap(original), 0
+    for mod_name, mod in list(sys.modules.items()):
+        if (mod_name == "speclab" or mod_name.startswith("speclab.")) and getattr(mod, name, None) is original:
+            setattr(mod, name, wrapped)
+            n += 1
+    return n
 
 
-def tokens_per_s(fn, prompts: list, tokens: int) -> float:
-    "Generated tokens per second of fn(prompt) over the prompts, one at a time."
+def count_steps(engine) -> list:
+    "A counter of the engine's step() calls, through an instance attribute that generate() reaches as self.step."
+    calls, step = [0], engine.step
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return step(*args, **kwargs)
+    engine.step = counted
+    return calls
+
+
+def measure(config: str, batch: int, tokens: int, reps: int, prompts: list, timers: dict) -> dict:
+    "ms per step (total, forwards, verify, rest) of the fastest of `reps` generates, after one warm-up."
+    from speclab.engine import SamplingParams
+    from speclab.serve import load_engine
+    from speclab.train import tiny_pair_path
+    args = CONFIGS[config]
+    draft = None if config == "plain" else tiny_pair_path("draft")
     t0 = time.perf_counter()
-    for p in prompts:
-        fn(p)
-    return len(prompts) * tokens / (time.perf_counter() - t0)
-
-
-def worker(tokens: int) -> dict:
-    "Every figure of one side (the speclab on sys.path)."
-    import torch
-    from speclab.engine import ModelDrafter, SamplingParams, SpecDecoder
-    from speclab.model import generate, load_model
-    from speclab.train import eval_prompts, tiny_pair_path
-    torch.set_num_threads(1)
-    target, draft = load_model(tiny_pair_path("target")), load_model(tiny_pair_path("draft"))
-    prompts = eval_prompts(n=16, prompt_len=48, seed=5)
+    engine = load_engine(tiny_pair_path("target"), draft, seed=0, max_num_seqs=max(batch, 1), **args)
+    build_s = time.perf_counter() - t0
+    steps = count_steps(engine)
     greedy = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-    out = {"batch1": step_split(target, draft, prompts[:1], tokens),
-           "batch16": step_split(target, draft, prompts, tokens)}
-    few = prompts[:4]
-    plain = SpecDecoder(target, None, kappa=0)
-    spec = SpecDecoder(target, ModelDrafter(draft), kappa=3)
+    best = None
+    for rep in range(reps + 1):
+        batch_prompts = prompts[rep * batch:(rep + 1) * batch]
+        for t in timers.values():
+            t.seconds = 0.0
+        steps[0] = 0
+        t0 = time.perf_counter()
+        engine.generate(batch_prompts, greedy)
+        total = time.perf_counter() - t0
+        if rep == 0:                                  # the warm-up
+            continue
+        ms = {"total": total, "forwards": timers["forwards"].seconds, "verify": timers["verify"].seconds}
+        ms = {k: 1e3 * v / steps[0] for k, v in ms.items()}
+        ms["rest"] = ms["total"] - ms["forwards"] - ms["verify"]
+        ms["steps"] = steps[0]
+        if best is None or ms["total"] < best["total"]:
+            best = ms
+    best["build_s"] = round(build_s, 3)
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in best.items()}
+
+
+def worker(a: argparse.Namespace) -> dict:
+    "Every configuration of one side: the speclab first on sys.path (PYTHONPATH)."
+    import torch
+    import speclab
+    import speclab.engine
+    import speclab.serve
+    import speclab.trees
+    import speclab.eagle                                # load_engine's lazy imports, loaded before patching
+    from speclab.train import eval_prompts
+    torch.set_num_threads(1)
+    timers = {"forwards": Timer(), "verify": Timer()}
+    patched = {"forward_paged": patch_everywhere("forward_paged", timers["forwards"]),
+               "rejection_sampler": patch_everywhere("rejection_sampler", timers["verify"]),
+               "tree_verify": patch_everywhere("tree_verify", timers["verify"])}
+    need = (a.reps + 1) * max(a.batch, 1)
+    prompts = eval_prompts(n=need, prompt_len=48, seed=5)
+    out = {"speclab": str(Path(speclab.__file__).resolve().parent.parent), "patched": patched}
     with torch.no_grad():
-        out["generate_tok_s"] = tokens_per_s(lambda p: generate(target, None, p, tokens, temperature=0), few, tokens)
-        out["plain_engine_tok_s"] = tokens_per_s(lambda p: plain.generate([p], greedy), few, tokens)
-        out["spec_engine_tok_s"] = tokens_per_s(lambda p: spec.generate([p], greedy), few, tokens)
+        for config in a.configs:
+            for batch in sorted({1, a.batch}):
+                out[f"{config}/b{batch}"] = measure(config, batch, a.tokens, a.reps, prompts, timers)
     return out
 
 
-def worktree(ref: str) -> Path:
-    "A checkout of `ref` under /tmp (made once)."
-    path = Path("/tmp") / f"speclab-engine-host-{ref}"
-    if not (path / "speclab").exists():
-        subprocess.run(["git", "worktree", "add", "--detach", str(path), ref], cwd=ROOT, check=True,
-                       capture_output=True)
-    return path
+# Both sides, alternating.
+def tree_of(spec: str) -> Path:
+    "A side's tree: a folder holding speclab/ as given, else a git revision of this checkout as a worktree in /tmp."
+    path = Path(spec).expanduser()
+    if (path / "speclab" / "__init__.py").is_file():
+        return path.resolve()
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", f"{spec}^{{commit}}"],
+                         capture_output=True, text=True)
+    if sha.returncode != 0:
+        raise SystemExit(f"{spec!r} is neither a folder holding speclab/ nor a git revision of {ROOT}")
+    wt = Path("/tmp") / f"speclab-engine-host-{sha.stdout.strip()}"
+    if not (wt / "speclab" / "__init__.py").is_file():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(wt), sha.stdout.strip()],
+                       check=True, capture_output=True)
+    return wt
 
 
-def run_side(path: Path, tokens: int) -> dict:
-    "One worker process with `path`'s speclab first on sys.path."
-    env = {**os.environ, "PYTHONPATH": str(path), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, __file__, "--worker", "--tokens", str(tokens)], env=env, capture_output=True,
-                       text=True, check=False)
+def commit_of(tree: Path) -> str | None:
+    "A tree's HEAD commit, with '+dirty' when its tracked files differ; None outside git."
+    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        return None
+    dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True)
+    return head.stdout.strip()[:12] + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def run_side(tree: Path, a: argparse.Namespace) -> dict:
+    "One worker process with `tree` first on sys.path; it must import that tree's speclab."
+    env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--tokens", str(a.tokens), "--batch",
+           str(a.batch), "--reps", str(a.reps), "--configs", *a.configs]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=tree)
     if r.returncode != 0:
-        raise SystemExit(f"the worker for {path} failed:\n{r.stderr[-3000:]}")
-    return json.loads(r.stdout)
+        raise SystemExit(f"the worker for {tree} failed:\n{r.stderr[-3000:]}")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    if Path(out["speclab"]) != tree:
+        raise SystemExit(f"the worker for {tree} imported the speclab of {out['speclab']}: is it installed "
+                         "non-editable somewhere ahead of PYTHONPATH?")
+    return out
 
 
-def median_of(runs: list[dict], *keys: str) -> float:
-    "The median over runs of runs[i][keys[0]][keys[1]]..."
-    vals = []
-    for run in runs:
-        for k in keys:
-            run = run[k]
-        vals.append(run)
-    return statistics.median(vals)
+def spread(values: list[float]) -> float:
+    "(max - min) / median of the rounds: how far apart the rounds of one side are."
+    med = statistics.median(values)
+    return round((max(values) - min(values)) / med, 3) if med else 0.0
+
+
+def summarize(runs: dict, keys: list[str]) -> dict:
+    "Per configuration/batch: each side's medians over rounds and the rounds themselves, and after / before."
+    out = {}
+    for key in keys:
+        row = {}
+        for side in ("before", "after"):
+            for part in PARTS + ("steps",):
+                vals = [r[key][part] for r in runs[side]]
+                row[f"{side}_{part}"] = round(statistics.median(vals), 3)
+                if part in ("total", "rest"):
+                    row[f"{side}_{part}_rounds"] = [round(v, 3) for v in vals]
+                    row[f"{side}_{part}_spread"] = spread(vals)
+        for part in PARTS:
+            b = row[f"before_{part}"]
+            row[f"{part}_after_over_before"] = round(row[f"after_{part}"] / b, 3) if b > 0 else None
+        out[key] = row
+    return out
+
+
+def table(res: dict) -> str:
+    "The medians per side and the ratios, as plain text."
+    out = [f"{res['date']}  {res['machine']}  load {res['load_before']} -> {res['load_after']}",
+           f"before: {res['before']} ({res['before_commit']})", f"after:  {res['after']} ({res['after_commit']})",
+           f"{res['rounds']} rounds, {res['tokens']} tokens per request, fastest of {res['reps']} generates per "
+           "round; ms per step, medians over rounds", "",
+           f"{'config/batch':<14}{'steps':>6}" + "".join(f"{p + ' b':>11}{p + ' a':>10}{'a/b':>7}" for p in PARTS),
+           "-" * (20 + 28 * len(PARTS))]
+    for key, row in res["results"].items():
+        ratio = {p: "-" if row[f"{p}_after_over_before"] is None else f"{row[f'{p}_after_over_before']:.3f}"
+                 for p in PARTS}
+        cells = "".join(f"{row[f'before_{p}']:>11.2f}{row[f'after_{p}']:>10.2f}{ratio[p]:>7}" for p in PARTS)
+        out.append(f"{key:<14}{row['before_steps']:>6.0f}{cells}")
+    out += ["", "spread of the rounds ((max - min) / median), rest: "
+            + ", ".join(f"{k} {r['before_rest_spread']}/{r['after_rest_spread']}" for k, r in res["results"].items())]
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> dict:
     "Both sides, alternating; the table and the ratios."
     a = parse_args(argv)
     if a.worker:
-        print(json.dumps(worker(a.tokens)))
+        print(json.dumps(worker(a)))
         return {}
-    from bench_env import load_average, machine, utc_now
-    old_path, runs = worktree(a.ref), {"old": [], "new": []}
-    new_path = ROOT if a.new is None else worktree(a.new)
-    load0 = load_average()
-    for _ in range(a.rounds):
-        runs["old"].append(run_side(old_path, a.tokens))
-        runs["new"].append(run_side(new_path, a.tokens))
-    res = {"date": utc_now(), "machine": machine().replace("threads", "threads (workers: 1)"), "ref": a.ref, "new": a.new or "this checkout",
-           "load_before": load0, "load_after": load_average(), "rounds": a.rounds, "tokens": a.tokens}
-    for side in ("old", "new"):
-        for b in ("batch1", "batch16"):
-            for k in ("total", "forwards", "sampler", "rest"):
-                res[f"{side}_{b}_{k}_ms"] = round(median_of(runs[side], b, k), 3)
-        for k in ("generate_tok_s", "plain_engine_tok_s", "spec_engine_tok_s"):
-            res[f"{side}_{k}"] = round(median_of(runs[side], k), 1)
-        res[f"{side}_plain_vs_generate"] = round(res[f"{side}_plain_engine_tok_s"] / res[f"{side}_generate_tok_s"], 3)
-        res[f"{side}_spec_vs_plain"] = round(res[f"{side}_spec_engine_tok_s"] / res[f"{side}_plain_engine_tok_s"], 3)
-        res[f"{side}_spec_vs_generate"] = round(res[f"{side}_spec_engine_tok_s"] / res[f"{side}_generate_tok_s"], 3)
-    for b in ("batch1", "batch16"):
-        res[f"rest_new_over_old_{b}"] = round(res[f"new_{b}_rest_ms"] / res[f"old_{b}_rest_ms"], 3)
-    if a.json:
-        print(json.dumps(res, indent=1))
-        return res
-    print(f"{res['date']}  {res['machine']}  before={a.ref}  load {load0} -> {res['load_after']}")
-    print(f"{'ms per step':<22}{'total':>9}{'forwards':>10}{'sampler':>9}{'rest':>9}")
-    for b in ("batch1", "batch16"):
-        for side in ("old", "new"):
-            cells = "".join(f"{res[f'{side}_{b}_{k}_ms']:>{w}.2f}" for k, w in
-                            (("total", 9), ("forwards", 10), ("sampler", 9), ("rest", 9)))
-            print(f"{b + ' ' + side:<22}{cells}")
-        print(f"{b + ' rest new/old':<22}{res[f'rest_new_over_old_{b}']:>37.3f}")
-    for side in ("old", "new"):
-        print(f"{side}: generate {res[f'{side}_generate_tok_s']} tok/s, plain engine {res[f'{side}_plain_engine_tok_s']}"
-              f" ({res[f'{side}_plain_vs_generate']}x generate), speculative {res[f'{side}_spec_engine_tok_s']}"
-              f" ({res[f'{side}_spec_vs_plain']}x plain, {res[f'{side}_spec_vs_generate']}x generate)")
+    env = bench_env()
+    before, after = tree_of(a.before), tree_of(a.after)
+    runs, load0, t0 = {"before": [], "after": []}, env.load_average(), time.perf_counter()
+    for i in range(a.rounds):
+        for side, tree in (("before", before), ("after", after)):
+            runs[side].append(run_side(tree, a))
+            print(f"round {i + 1}/{a.rounds} {side} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    keys = [k for k in runs["before"][0] if "/" in k]
+    res = {"date": env.utc_now(), "machine": env.machine().replace("threads", "threads (workers: 1)"),
+           "before": str(before), "before_commit": commit_of(before), "after": str(after),
+           "after_commit": commit_of(after), "same_tree": before == after, "load_before": load0,
+           "load_after": env.load_average(), "wall_s": round(time.perf_counter() - t0, 1), "rounds": a.rounds,
+           "tokens": a.tokens, "batch": a.batch, "reps": a.reps, "configs": {c: CONFIGS[c] for c in a.configs},
+           "python": sys.version.split()[0], "results": summarize(runs, keys), "raw": runs}
+    print(json.dumps(res, indent=1) if a.json else table(res))
     return res
 
 
