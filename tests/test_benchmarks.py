@@ -252,3 +252,27 @@ def test_engine_walk_counts_crossings_per_step(tmp_path: Path, monkeypatch) -> N
     assert steady["edges_per_step"] == {"a -> b.step": 1.0}
     assert walk.in_package("speclab.kv") and walk.in_package("walkpkg", "walkpkg")
     assert not walk.in_package("walkpkgs.a", "walkpkg")
+
+
+def test_engine_host_times_outermost_calls_and_compares_medians(tmp_path: Path) -> None:
+    """engine_host.py: a timed function calling another timed one counts once; a side is a folder holding speclab/;
+    the summary holds each side's medians over rounds and after / before of the medians."""
+    host = script("engine_host")
+    timer = host.Timer()
+    inner = timer.wrap(lambda: sum(range(1000)))
+    outer = timer.wrap(lambda: inner() + inner())
+    outer()
+    assert timer.depth == 0 and 0 < timer.seconds < 1
+    (tmp_path / "speclab").mkdir()
+    (tmp_path / "speclab" / "__init__.py").write_text("")
+    assert host.tree_of(str(tmp_path)) == tmp_path.resolve()
+    one = {"total": 10.0, "forwards": 8.0, "verify": 0.5, "rest": 1.5, "steps": 9}
+    runs = {"before": [{"chain/b1": one}, {"chain/b1": {**one, "total": 12.0, "rest": 3.5}},
+                       {"chain/b1": {**one, "total": 11.0, "rest": 2.5}}],
+            "after": [{"chain/b1": {**one, "rest": 1.25}}] * 3}
+    row = host.summarize(runs, ["chain/b1"])["chain/b1"]
+    assert (row["before_total"], row["before_rest"], row["after_rest"]) == (11.0, 2.5, 1.25)
+    assert row["rest_after_over_before"] == 0.5 and row["forwards_after_over_before"] == 1.0
+    assert row["before_rest_rounds"] == [1.5, 3.5, 2.5] and row["before_rest_spread"] == 0.8
+    assert row["after_rest_spread"] == 0.0
+    assert host.spread([0.0, 0.0]) == 0.0
