@@ -196,14 +196,27 @@ def tree_of(spec: str) -> Path:
     return wt
 
 
-def commit_of(tree: Path) -> str | None:
-    "A tree's HEAD commit, with '+dirty' when its tracked files differ; None outside git."
-    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True)
-    if head.returncode != 0:
-        return None
-    dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True)
-    return head.stdout.strip()[:12] + ("+dirty" if dirty.stdout.strip() else "")
+def commit_of(tree: Path) -> dict:
+    """A tree's HEAD commit and the git hash of its speclab/ folder at HEAD (equal hashes: the same package), with
+    '+dirty' when speclab/'s files differ from HEAD (what is measured; other files do not matter); None outside git."""
+    def git(*args: str) -> str | None:
+        r = subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True)
+        return r.stdout.strip() if r.returncode == 0 else None
+    head, package = git("rev-parse", "HEAD"), git("rev-parse", "HEAD:speclab")
+    if head is None:
+        return {"commit": None, "speclab_tree": None}
+    dirty = "+dirty" if git("status", "--porcelain", "--untracked-files=no", "--", "speclab") else ""
+    return {"commit": head[:12] + dirty, "speclab_tree": (package or "")[:12] + dirty}
+
+
+def ratio_range(results: dict) -> dict:
+    """The lowest and highest after / before over the configurations, per part: for the same package on both sides
+    (an A/A run), how far apart two sides measure by chance."""
+    out = {}
+    for part in PARTS:
+        vals = [r[f"{part}_after_over_before"] for r in results.values() if r[f"{part}_after_over_before"]]
+        out[part] = [min(vals), max(vals)] if vals else None
+    return out
 
 
 def run_side(tree: Path, a: argparse.Namespace) -> dict:
@@ -249,17 +262,23 @@ def summarize(runs: dict, keys: list[str]) -> dict:
 def table(res: dict) -> str:
     "The medians per side and the ratios, as plain text."
     out = [f"{res['date']}  {res['machine']}  load {res['load_before']} -> {res['load_after']}",
-           f"before: {res['before']} ({res['before_commit']})", f"after:  {res['after']} ({res['after_commit']})",
+           f"before: {res['before']} (commit {res['before_commit']['commit']}, speclab/ "
+           f"{res['before_commit']['speclab_tree']})",
+           f"after:  {res['after']} (commit {res['after_commit']['commit']}, speclab/ "
+           f"{res['after_commit']['speclab_tree']})" + ("  -- the same package: an A/A run" if res["same_package"]
+                                                          else ""),
            f"{res['rounds']} rounds, {res['tokens']} tokens per request, fastest of {res['reps']} generates per "
            "round; ms per step, medians over rounds", "",
-           f"{'config/batch':<14}{'steps':>6}" + "".join(f"{p + ' b':>11}{p + ' a':>10}{'a/b':>7}" for p in PARTS),
-           "-" * (20 + 28 * len(PARTS))]
+           f"{'config/batch':<14}{'steps':>6}" + "".join(f"{p + ' b':>12}{p + ' a':>12}{'a/b':>7}" for p in PARTS),
+           "-" * (20 + 31 * len(PARTS))]
     for key, row in res["results"].items():
         ratio = {p: "-" if row[f"{p}_after_over_before"] is None else f"{row[f'{p}_after_over_before']:.3f}"
                  for p in PARTS}
-        cells = "".join(f"{row[f'before_{p}']:>11.2f}{row[f'after_{p}']:>10.2f}{ratio[p]:>7}" for p in PARTS)
+        cells = "".join(f"{row[f'before_{p}']:>12.2f}{row[f'after_{p}']:>12.2f}{ratio[p]:>7}" for p in PARTS)
         out.append(f"{key:<14}{row['before_steps']:>6.0f}{cells}")
-    out += ["", "spread of the rounds ((max - min) / median), rest: "
+    out += ["", "after / before, lowest and highest over the configurations: "
+            + ", ".join(f"{p} {r[0]}-{r[1]}" for p, r in res["ratio_range"].items() if r)]
+    out += ["spread of the rounds ((max - min) / median), rest: "
             + ", ".join(f"{k} {r['before_rest_spread']}/{r['after_rest_spread']}" for k, r in res["results"].items())]
     return "\n".join(out)
 
@@ -280,10 +299,14 @@ def main(argv: list[str] | None = None) -> dict:
     keys = [k for k in runs["before"][0] if "/" in k]
     res = {"date": env.utc_now(), "machine": env.machine().replace("threads", "threads (workers: 1)"),
            "before": str(before), "before_commit": commit_of(before), "after": str(after),
-           "after_commit": commit_of(after), "same_tree": before == after, "load_before": load0,
+           "after_commit": commit_of(after), "load_before": load0,
            "load_after": env.load_average(), "wall_s": round(time.perf_counter() - t0, 1), "rounds": a.rounds,
            "tokens": a.tokens, "batch": a.batch, "reps": a.reps, "configs": {c: CONFIGS[c] for c in a.configs},
            "python": sys.version.split()[0], "results": summarize(runs, keys), "raw": runs}
+    res["same_package"] = (before == after or res["before_commit"]["speclab_tree"] is not None and "dirty" not in
+                           res["before_commit"]["speclab_tree"] and res["before_commit"]["speclab_tree"]
+                           == res["after_commit"]["speclab_tree"])
+    res["ratio_range"] = ratio_range(res["results"])
     print(json.dumps(res, indent=1) if a.json else table(res))
     return res
 
