@@ -22,7 +22,9 @@ EOS ignored), each engine built by `speclab.serve.load_engine`, which works befo
   follow that calibration, so steps per request can differ between processes).
 
 At batch 1 and at `--batch` (default 8): one warm-up generate, then `--reps` timed generates on fresh prompts (no
-prefix-cache hits), the fastest kept. Per step: the total, the forwards (every `forward_paged` call, target and
+prefix-cache hits), the fastest kept. Times are the CPU time of the worker's one thread by default (`--clock cpu`:
+other work on a shared machine delays a process but adds little to its CPU time), elapsed time with `--clock wall`.
+Per step: the total, the forwards (every `forward_paged` call, target and
 draft), the verification (the rejection sampler, or the tree's `tree_verify`), and the rest = total - forwards -
 verification: scheduling, KV bookkeeping, metadata, logits processors, the update, text. The rest is the host time a
 refactor of the engine can change; the forwards are the same code on both sides, so their ratio shows the noise.
@@ -40,6 +42,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]     # benchmarks/engine/ -> the checkout
 HERE = Path(__file__).resolve().parent
 TREE = {"topk": 2, "num_steps": 3, "num_draft_tokens": 6}
+CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}   # cpu: this thread's CPU seconds (one torch thread)
+clock = time.thread_time
 CONFIGS = {"plain": {"kappa": 0}, "chain": {"kappa": 3}, "tree": {"tree": TREE}, "auto": {"kappa": "auto"}}
 PARTS = ("total", "forwards", "verify", "rest")
 
@@ -64,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=8, help="the larger batch, beside batch 1 (default 8)")
     ap.add_argument("--reps", type=int, default=2, help="timed generates per configuration and batch, the fastest "
                     "kept (default 2)")
+    ap.add_argument("--clock", choices=list(CLOCKS), default="cpu", help="cpu (default): the CPU time of the "
+                    "process's one thread, which other work on the machine disturbs less; wall: elapsed time")
     ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS),
                     help="what to measure (default: all)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -86,13 +92,13 @@ class Timer:
         "fn, timed into this timer."
         def timed(*args, **kwargs):
             self.depth += 1
-            t0 = time.perf_counter()
+            t0 = clock()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.depth -= 1
                 if self.depth == 0:
-                    self.seconds += time.perf_counter() - t0
+                    self.seconds += clock() - t0
         timed.__wrapped__ = fn
         return timed
 
@@ -140,9 +146,9 @@ def measure(config: str, batch: int, tokens: int, reps: int, prompts: list, time
         for t in timers.values():
             t.seconds = 0.0
         steps[0] = 0
-        t0 = time.perf_counter()
+        t0 = clock()
         engine.generate(batch_prompts, greedy)
-        total = time.perf_counter() - t0
+        total = clock() - t0
         if rep == 0:                                  # the warm-up
             continue
         ms = {"total": total, "forwards": timers["forwards"].seconds, "verify": timers["verify"].seconds}
@@ -157,6 +163,8 @@ def measure(config: str, batch: int, tokens: int, reps: int, prompts: list, time
 
 def worker(a: argparse.Namespace) -> dict:
     "Every configuration of one side: the speclab first on sys.path (PYTHONPATH)."
+    global clock
+    clock = CLOCKS[a.clock]
     import torch
     import speclab
     import speclab.engine
@@ -223,7 +231,7 @@ def run_side(tree: Path, a: argparse.Namespace) -> dict:
     "One worker process with `tree` first on sys.path; it must import that tree's speclab."
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--tokens", str(a.tokens), "--batch",
-           str(a.batch), "--reps", str(a.reps), "--configs", *a.configs]
+           str(a.batch), "--reps", str(a.reps), "--clock", a.clock, "--configs", *a.configs]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=tree)
     if r.returncode != 0:
         raise SystemExit(f"the worker for {tree} failed:\n{r.stderr[-3000:]}")
@@ -268,7 +276,7 @@ def table(res: dict) -> str:
            f"{res['after_commit']['speclab_tree']})" + ("  -- the same package: an A/A run" if res["same_package"]
                                                           else ""),
            f"{res['rounds']} rounds, {res['tokens']} tokens per request, fastest of {res['reps']} generates per "
-           "round; ms per step, medians over rounds", "",
+           f"round; ms per step ({res.get('clock', 'wall')} time), medians over rounds", "",
            f"{'config/batch':<14}{'steps':>6}" + "".join(f"{p + ' b':>12}{p + ' a':>12}{'a/b':>7}" for p in PARTS),
            "-" * (20 + 31 * len(PARTS))]
     for key, row in res["results"].items():
@@ -301,7 +309,7 @@ def main(argv: list[str] | None = None) -> dict:
            "before": str(before), "before_commit": commit_of(before), "after": str(after),
            "after_commit": commit_of(after), "load_before": load0,
            "load_after": env.load_average(), "wall_s": round(time.perf_counter() - t0, 1), "rounds": a.rounds,
-           "tokens": a.tokens, "batch": a.batch, "reps": a.reps, "configs": {c: CONFIGS[c] for c in a.configs},
+           "tokens": a.tokens, "batch": a.batch, "reps": a.reps, "clock": a.clock, "configs": {c: CONFIGS[c] for c in a.configs},
            "python": sys.version.split()[0], "results": summarize(runs, keys), "raw": runs}
     res["same_package"] = (before == after or res["before_commit"]["speclab_tree"] is not None and "dirty" not in
                            res["before_commit"]["speclab_tree"] and res["before_commit"]["speclab_tree"]
