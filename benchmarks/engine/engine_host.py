@@ -18,16 +18,18 @@ EOS ignored), each engine built by `speclab.serve.load_engine`, which works befo
 - plain: no drafter (kappa 0);
 - chain: the draft model, kappa 3;
 - tree: Chapter 14's TreeDrafter on the draft model, an EAGLE-2 tree (top-2, 3 levels, 5 nodes verified a step);
-- auto: the draft model with kappa "auto" (the process calibrates first, outside the timing; the policy's kappas
-  follow that calibration, so steps per request can differ between processes).
+- auto: the draft model with kappa "auto": the KappaPolicy plans each step's kappa, on FIXED_COSTS (a calibration of
+  this machine, rounded, the same on both sides and in every process; `--measured-calibration`: each process
+  calibrates itself, outside the timing, and its kappas follow that calibration).
 
 At batch 1 and at `--batch` (default 8): one warm-up generate, then `--reps` timed generates on fresh prompts (no
-prefix-cache hits), the fastest kept. Times are the CPU time of the worker's one thread by default (`--clock cpu`:
-other work on a shared machine delays a process but adds little to its CPU time), elapsed time with `--clock wall`.
-Per step: the total, the forwards (every `forward_paged` call, target and
-draft), the verification (the rejection sampler, or the tree's `tree_verify`), and the rest = total - forwards -
-verification: scheduling, KV bookkeeping, metadata, logits processors, the update, text. The rest is the host time a
-refactor of the engine can change; the forwards are the same code on both sides, so their ratio shows the noise.
+prefix-cache hits; the same prompts on both sides), their times summed over their steps. Times are the CPU time of
+the worker's one thread by default (`--clock cpu`: other work on a shared machine delays a process but adds little
+to its CPU time), elapsed time with `--clock wall`. Per step: the total, the forwards (every `forward_paged` call,
+target and draft), the verification (the rejection sampler, or the tree's `tree_verify`), and the rest = total -
+forwards - verification: scheduling, KV bookkeeping, metadata, logits processors, the policy, the update, text. The
+rest is the host time a refactor of the engine can change; the forwards are the same code on both sides, so their
+ratio shows the noise.
 Reported: medians over rounds per side, the ratio after / before of each median, and the spread of the rounds.
 """
 import argparse
@@ -48,6 +50,31 @@ CONFIGS = {"plain": {"kappa": 0}, "chain": {"kappa": 3}, "tree": {"tree": TREE},
 PARTS = ("total", "forwards", "verify", "rest")
 
 
+# kappa "auto" with fixed step costs, so that its kappas do not follow one process's calibration.
+FIXED_COSTS = {"verify_s": 0.0058, "verify_token_s": 0.0004, "draft_s": 0.001, "draft_request_s": 0.0,
+               "spec_s": 0.0026}              # a calibration of the shipped pair on the 2-core AMD EPYC, rounded
+fixed_calls = [0]
+
+
+def fix_calibration() -> bool:
+    """Make `--kappa auto`'s calibration return StepCosts(**FIXED_COSTS) instead of measuring: `measure_step_costs`
+    replaced in every loaded speclab module that holds it (wherever a split puts it). Whether it could."""
+    import speclab.engine
+    import speclab.serve  # noqa: F401  (load_engine's module, and what it imports)
+    mods = [m for n, m in sorted(sys.modules.items()) if n == "speclab" or n.startswith("speclab.")]
+    cls = next((m.StepCosts for m in mods if isinstance(getattr(m, "StepCosts", None), type)), None)
+    if cls is None:
+        return False
+
+    def measure_step_costs(*args, **kwargs):
+        fixed_calls[0] += 1
+        return cls(**FIXED_COSTS)
+    hits = [m for m in mods if callable(getattr(m, "measure_step_costs", None))]
+    for m in hits:
+        m.measure_step_costs = measure_step_costs
+    return bool(hits)
+
+
 def bench_env():
     "benchmarks/bench_env.py, wherever it lives: benchmarks/common/, benchmarks/ or beside this script."
     for folder in (HERE.parent / "common", HERE.parent, HERE):
@@ -66,12 +93,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3, help="before/after alternations (default 3)")
     ap.add_argument("--tokens", type=int, default=48, help="new tokens per request (default 48)")
     ap.add_argument("--batch", type=int, default=8, help="the larger batch, beside batch 1 (default 8)")
-    ap.add_argument("--reps", type=int, default=2, help="timed generates per configuration and batch, the fastest "
-                    "kept (default 2)")
+    ap.add_argument("--reps", type=int, default=2, help="timed generates per configuration and batch, on fresh "
+                    "prompts, summed (default 2)")
     ap.add_argument("--clock", choices=list(CLOCKS), default="cpu", help="cpu (default): the CPU time of the "
                     "process's one thread, which other work on the machine disturbs less; wall: elapsed time")
     ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS),
                     help="what to measure (default: all)")
+    ap.add_argument("--measured-calibration", action="store_true", help="auto: each process calibrates this machine "
+                    "(default: FIXED_COSTS, the same kappas on both sides)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -129,7 +158,8 @@ def count_steps(engine) -> list:
 
 
 def measure(config: str, batch: int, tokens: int, reps: int, prompts: list, timers: dict) -> dict:
-    "ms per step (total, forwards, verify, rest) of the fastest of `reps` generates, after one warm-up."
+    """ms per step (total, forwards, verify, rest) over `reps` generates on fresh prompts, after one warm-up: their
+    seconds summed over their steps summed (each side runs the same prompts, so greedy runs the same steps)."""
     from speclab.engine import SamplingParams
     from speclab.serve import load_engine
     from speclab.train import tiny_pair_path
@@ -140,7 +170,7 @@ def measure(config: str, batch: int, tokens: int, reps: int, prompts: list, time
     build_s = time.perf_counter() - t0
     steps = count_steps(engine)
     greedy = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-    best = None
+    sums = dict.fromkeys(("total", "forwards", "verify", "steps"), 0.0)
     for rep in range(reps + 1):
         batch_prompts = prompts[rep * batch:(rep + 1) * batch]
         for t in timers.values():
@@ -151,14 +181,13 @@ def measure(config: str, batch: int, tokens: int, reps: int, prompts: list, time
         total = clock() - t0
         if rep == 0:                                  # the warm-up
             continue
-        ms = {"total": total, "forwards": timers["forwards"].seconds, "verify": timers["verify"].seconds}
-        ms = {k: 1e3 * v / steps[0] for k, v in ms.items()}
-        ms["rest"] = ms["total"] - ms["forwards"] - ms["verify"]
-        ms["steps"] = steps[0]
-        if best is None or ms["total"] < best["total"]:
-            best = ms
-    best["build_s"] = round(build_s, 3)
-    return {k: round(v, 4) if isinstance(v, float) else v for k, v in best.items()}
+        sums["total"] += total
+        sums["forwards"] += timers["forwards"].seconds
+        sums["verify"] += timers["verify"].seconds
+        sums["steps"] += steps[0]
+    ms = {k: round(1e3 * sums[k] / sums["steps"], 4) for k in ("total", "forwards", "verify")}
+    ms["rest"] = round(ms["total"] - ms["forwards"] - ms["verify"], 4)
+    return {**ms, "steps": int(sums["steps"]), "build_s": round(build_s, 3)}
 
 
 def worker(a: argparse.Namespace) -> dict:
@@ -179,11 +208,19 @@ def worker(a: argparse.Namespace) -> dict:
                "tree_verify": patch_everywhere("tree_verify", timers["verify"])}
     need = (a.reps + 1) * max(a.batch, 1)
     prompts = eval_prompts(n=need, prompt_len=48, seed=5)
+    fixed = not a.measured_calibration and "auto" in a.configs and fix_calibration()
+    if not a.measured_calibration and "auto" in a.configs and not fixed:
+        raise SystemExit("found no StepCosts / measure_step_costs in speclab to fix auto's calibration: "
+                         "run with --measured-calibration")
     out = {"speclab": str(Path(speclab.__file__).resolve().parent.parent), "patched": patched}
     with torch.no_grad():
         for config in a.configs:
             for batch in sorted({1, a.batch}):
                 out[f"{config}/b{batch}"] = measure(config, batch, a.tokens, a.reps, prompts, timers)
+    if fixed and not fixed_calls[0]:
+        raise SystemExit("auto's engine did not call measure_step_costs: its calibration was not fixed; "
+                         "run with --measured-calibration")
+    out["calibration"] = "fixed" if fixed else "measured"
     return out
 
 
@@ -232,6 +269,7 @@ def run_side(tree: Path, a: argparse.Namespace) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--tokens", str(a.tokens), "--batch",
            str(a.batch), "--reps", str(a.reps), "--clock", a.clock, "--configs", *a.configs]
+    cmd += ["--measured-calibration"] if a.measured_calibration else []
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=tree)
     if r.returncode != 0:
         raise SystemExit(f"the worker for {tree} failed:\n{r.stderr[-3000:]}")
@@ -275,8 +313,8 @@ def table(res: dict) -> str:
            f"after:  {res['after']} (commit {res['after_commit']['commit']}, speclab/ "
            f"{res['after_commit']['speclab_tree']})" + ("  -- the same package: an A/A run" if res["same_package"]
                                                           else ""),
-           f"{res['rounds']} rounds, {res['tokens']} tokens per request, fastest of {res['reps']} generates per "
-           f"round; ms per step ({res.get('clock', 'wall')} time), medians over rounds", "",
+           f"{res['rounds']} rounds, {res['tokens']} tokens per request, {res['reps']} generates per configuration "
+           f"and round; ms per step ({res.get('clock', 'wall')} time), medians over rounds", "",
            f"{'config/batch':<14}{'steps':>6}" + "".join(f"{p + ' b':>12}{p + ' a':>12}{'a/b':>7}" for p in PARTS),
            "-" * (20 + 31 * len(PARTS))]
     for key, row in res["results"].items():
@@ -309,7 +347,9 @@ def main(argv: list[str] | None = None) -> dict:
            "before": str(before), "before_commit": commit_of(before), "after": str(after),
            "after_commit": commit_of(after), "load_before": load0,
            "load_after": env.load_average(), "wall_s": round(time.perf_counter() - t0, 1), "rounds": a.rounds,
-           "tokens": a.tokens, "batch": a.batch, "reps": a.reps, "clock": a.clock, "configs": {c: CONFIGS[c] for c in a.configs},
+           "tokens": a.tokens, "batch": a.batch, "reps": a.reps, "clock": a.clock,
+           "auto_costs": "measured by each process" if a.measured_calibration else FIXED_COSTS,
+           "configs": {c: CONFIGS[c] for c in a.configs},
            "python": sys.version.split()[0], "results": summarize(runs, keys), "raw": runs}
     res["same_package"] = (before == after or res["before_commit"]["speclab_tree"] is not None and "dirty" not in
                            res["before_commit"]["speclab_tree"] and res["before_commit"]["speclab_tree"]

@@ -15,8 +15,9 @@ The request: the shipped tiny pair, greedy, one short prompt, max_tokens 24 (EOS
 built as `speclab serve` builds it (`speclab.serve.load_engine`) and warmed by one request with another prompt. Three
 ways of drafting (DRAFTINGS): `chain`, the draft model proposing kappa 3 tokens a step; `tree`, Chapter 14's
 TreeDrafter on the same draft model (an EAGLE-2 tree: top-2, 3 levels, 5 nodes verified a step); `auto`, the draft
-model with `--kappa auto` (a calibration of this machine first, then the KappaPolicy plans each step's kappa: its
-kappas, and so its counts, can differ between machines and runs).
+model with `--kappa auto`: the KappaPolicy plans each step's kappa, on FIXED_COSTS (a calibration of this machine,
+rounded, given instead of measured so that its kappas and counts repeat; `--measured-calibration` calibrates the machine
+as `speclab serve` does, and its counts can then differ between runs).
 A refactored engine: adapt the three small functions under "The engine" (build, step function, serve's loop).
 """
 import argparse
@@ -37,12 +38,44 @@ DRAFTINGS = {"chain": {"kappa": KAPPA}, "tree": {"tree": TREE}, "auto": {"kappa"
 PREFIX = "speclab"
 
 
+# kappa "auto" with fixed step costs, so that its kappas do not follow one process's calibration.
+FIXED_COSTS = {"verify_s": 0.0058, "verify_token_s": 0.0004, "draft_s": 0.001, "draft_request_s": 0.0,
+               "spec_s": 0.0026}              # a calibration of the shipped pair on the 2-core AMD EPYC, rounded
+fixed_calls = [0]
+
+
+def fix_calibration() -> bool:
+    """Make `--kappa auto`'s calibration return StepCosts(**FIXED_COSTS) instead of measuring: `measure_step_costs`
+    replaced in every loaded speclab module that holds it (wherever a split puts it). Whether it could."""
+    import speclab.engine
+    import speclab.serve  # noqa: F401  (load_engine's module, and what it imports)
+    mods = [m for n, m in sorted(sys.modules.items()) if n == "speclab" or n.startswith("speclab.")]
+    cls = next((m.StepCosts for m in mods if isinstance(getattr(m, "StepCosts", None), type)), None)
+    if cls is None:
+        return False
+
+    def measure_step_costs(*args, **kwargs):
+        fixed_calls[0] += 1
+        return cls(**FIXED_COSTS)
+    hits = [m for m in mods if callable(getattr(m, "measure_step_costs", None))]
+    for m in hits:
+        m.measure_step_costs = measure_step_costs
+    return bool(hits)
+
+
 # The engine: what a refactor may change.
-def build_engine(drafting: str = "chain") -> Any:
-    "A fresh engine on the shipped tiny pair drafting by DRAFTINGS[drafting], as `speclab serve` builds it."
+def build_engine(drafting: str = "chain", fixed: bool = True) -> Any:
+    """A fresh engine on the shipped tiny pair drafting by DRAFTINGS[drafting], as `speclab serve` builds it; auto's
+    calibration fixed to FIXED_COSTS unless `fixed` is False."""
     from speclab.serve import load_engine
     from speclab.train import tiny_pair_path
-    return load_engine(tiny_pair_path("target"), tiny_pair_path("draft"), seed=0, **DRAFTINGS[drafting])
+    if drafting == "auto" and fixed and not fix_calibration():
+        raise SystemExit("found no StepCosts / measure_step_costs in speclab: run with --measured-calibration")
+    calls = fixed_calls[0]
+    engine = load_engine(tiny_pair_path("target"), tiny_pair_path("draft"), seed=0, **DRAFTINGS[drafting])
+    if drafting == "auto" and fixed and fixed_calls[0] == calls:
+        raise SystemExit("load_engine did not call measure_step_costs: run with --measured-calibration")
+    return engine
 
 
 def request_params() -> Any:
@@ -212,9 +245,9 @@ def walk_serve(engine: Any, prompt: str, counter: CrossingCounter | None) -> dic
 WALKS = {"engine": walk_engine, "serve": walk_serve}
 
 
-def measure(mode: str, drafting: str = "chain") -> dict:
+def measure(mode: str, drafting: str = "chain", fixed: bool = True) -> dict:
     "A fresh engine drafting by `drafting`, one warm-up request (another prompt), then the counted request."
-    engine = build_engine(drafting)
+    engine = build_engine(drafting, fixed)
     WALKS[mode](engine, WARM_PROMPT, None)
     counter = CrossingCounter(step_code=step_function(engine))
     served = WALKS[mode](engine, PROMPT, counter)
@@ -252,17 +285,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--modes", nargs="+", choices=list(WALKS), default=list(WALKS), help="the walks to run")
     ap.add_argument("--drafting", nargs="+", choices=list(DRAFTINGS), default=list(DRAFTINGS),
                     help="how the engine drafts: chain (kappa 3), tree (TREE), auto (--kappa auto); default all")
+    ap.add_argument("--measured-calibration", action="store_true", help="auto: calibrate this machine as `speclab "
+                    "serve` does (default: FIXED_COSTS, counts that repeat)")
     ap.add_argument("--speclab-commit", help="the commit of the speclab tree imported (recorded in the output)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)
     import torch
     import speclab
     torch.set_num_threads(1)
-    results = [measure(mode, drafting) for drafting in a.drafting for mode in a.modes]
+    results = [measure(mode, drafting, not a.measured_calibration) for drafting in a.drafting for mode in a.modes]
     meta = {"speclab": str(Path(speclab.__file__).parent), "speclab_commit": a.speclab_commit, "prompt": PROMPT,
             "max_tokens": MAX_TOKENS, "draftings": {d: DRAFTINGS[d] for d in a.drafting},
             "draft": "the shipped tiny pair's draft model", "greedy": True, "warm_prompt": WARM_PROMPT,
-            "python": sys.version.split()[0], "torch": torch.__version__}
+            "python": sys.version.split()[0], "torch": torch.__version__,
+            "auto_costs": "measured" if a.measured_calibration else FIXED_COSTS}
     print(json.dumps({"meta": meta, "walks": results}, indent=1) if a.json else table(results))
     return results
 
