@@ -222,6 +222,9 @@ def test_engine_lines_finds_the_engine_modules(tmp_path: Path) -> None:
     assert lines.imported_modules(pkg / "engine.py", pkg) == ["kv.py", "scheduler.py", "runner.py"]
     assert lines.chapter(pkg / "runner.py") == "08" and lines.chapter(pkg / "kv.py") == "06"
     assert [m["lines"] for m in lines.module_lines(pkg, ["engine.py", "runner.py"])] == [3, 2]
+    (pkg / "tree_verify.py").write_text(head.format("14b_tree_verify") + "def walk_trees():\n    return 1\n")
+    assert lines.moved_parts(pkg, lines.engine_modules(pkg)) == [("tree_verify.py", lines.ENGINE_MOVED, True)]
+    assert lines.moved_parts(pkg, ["tree_verify.py"]) == []                # an engine module: counted whole
 
 
 def test_engine_walk_counts_crossings_per_step(tmp_path: Path, monkeypatch) -> None:

@@ -23,6 +23,8 @@ engine.py's "File to edit" header, by chapter number: 08, 08a, 08_scheduler ... 
 (request, processors, config, drafters, scheduler, runner, policy); plus any ENGINE_PATH module of the engine's
 chapter that nothing imports. One file before the engine is split into one module per concern, all of them after.
 Chapter 14's tree drafters (`speclab/trees.py`) are not counted, before or after: the engine does not import them.
+The tree walk the runner calls (ENGINE_MOVED) is counted in the engine row wherever it is defined: in engine.py
+before the split, in `tree_verify.py` (Chapter 14b) after, so that the row compares like with like.
 
 Symmetry: weight loading is counted on both sides (nano's `utils/loader.py`, speclab's `load_model` and what it
 calls); tokenizer loading on neither (nano's is one `AutoTokenizer` line inside its engine, counted there; speclab's
@@ -42,6 +44,8 @@ ROOT = Path(__file__).resolve().parents[2]     # benchmarks/engine/ -> the check
 NANO = Path("/tmp/nano")                       # `git archive` of github.com/GeeeekExplorer/nano-vllm
 ENGINE_FILES = ("engine.py",)                  # the engine before its split into one module per concern
 ENGINE_PATH = ("request", "processors", "config", "drafters", "scheduler", "runner", "policy", "engine")
+ENGINE_MOVED = ("fed_parents", "tree_node_probs", "root_paths", "walk_tree", "walk_trees")   # the tree walk the runner
+# calls: in engine.py before the split, in Chapter 14b's tree_verify.py after; counted in the engine row either way
 KV_PRODUCTION = ("Request", "Step", "_check_tokens", "ROOT_HASH", "block_hash", "hash_chain", "FreeBlockQueue",
                  "BlockManager", "PagedKV", "FREED")     # kv.py without Chapter 6's teaching code (until kvlab.py)
 MODEL_FORWARD = ("LlamaArgs", "Llama", "decoder_layer", "paged_batch", "paged_cache", "paged_attend", "paged_logits",
@@ -190,6 +194,12 @@ def speclab_imports(path: Path) -> dict[str, str]:
     return out
 
 
+def moved_parts(pkg: Path, engine_files: list[str] | tuple[str, ...]) -> list[tuple[str, tuple, bool]]:
+    "The engine row's parts outside the engine's modules: each other module defining ENGINE_MOVED names, those names."
+    return [(p.name, ENGINE_MOVED, True) for p in sorted(pkg.glob("*.py"))
+            if p.name not in engine_files and set(top_level(p)) & set(ENGINE_MOVED)]
+
+
 def rows_spec(pkg: Path, engine_files: list[str] | tuple[str, ...] = ENGINE_FILES) -> list[dict]:
     "speclab's rows: component, parts (file, roots or None for the whole file, follow) and nano's counterpart."
     kv = ("kvlab.py exists: all of kv.py", [("kv.py", None, True)])
@@ -197,7 +207,7 @@ def rows_spec(pkg: Path, engine_files: list[str] | tuple[str, ...] = ENGINE_FILE
         kv = ("kv.py's production names", [("kv.py", KV_PRODUCTION, True)])
     return [
         dict(component="engine", note="requests, params, scheduler, runner, drafters, engine loop",
-             parts=[(f, None, True) for f in engine_files], nano=NANO_ENGINE),
+             parts=[(f, None, True) for f in engine_files] + moved_parts(pkg, engine_files), nano=NANO_ENGINE),
         dict(component="kv bookkeeping", note=kv[0], parts=kv[1], nano=("engine/block_manager.py",)),
         dict(component="model forward", note="paged Llama forward; nano: Qwen3, layers, context",
              parts=[("model.py", MODEL_FORWARD, True), ("roofline.py", MODEL_SHAPE, False)], nano=NANO_MODEL),
@@ -294,7 +304,10 @@ def table(res: dict) -> str:
            f"  {'module':<18}{'lines':>7}{'physical':>10}"]
     out += [f"  {m['module']:<18}{m['lines']:>7}{m['physical']:>10}" for m in res["engine_modules"]]
     out += [f"  {'total':<18}{sum(m['lines'] for m in res['engine_modules']):>7}"
-            f"{sum(m['physical'] for m in res['engine_modules']):>10}", ""]
+            f"{sum(m['physical'] for m in res['engine_modules']):>10}"]
+    out += [f"  and in the engine row, from {m['module']}: {', '.join(m['names'])} ({m['lines']} lines)"
+            for m in res.get("engine_row_elsewhere", [])]
+    out += [""]
     out += [f"{'component':<16}{'speclab':>8}{'nano':>7}  what", "-" * 78]
     for r in res["rows"]:
         nano = "-" if r.get("nano") is None else r["nano"]
@@ -336,8 +349,11 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         files, source = engine_modules(pkg), "default: engine.py and the engine-path modules it imports"
     rows, counted, missing = count_speclab(pkg, files)
+    elsewhere = [{"module": f, "names": names, "lines": definitions_lines(pkg / f, names)}
+                 for f, names in rows[0]["names"].items() if f not in files and names]
     res = {"speclab_commit": git_commit(a.root, a.speclab_commit), "engine_modules_from": source,
-           "engine_modules": module_lines(pkg, files), "rows": rows, "missing_names": missing,
+           "engine_modules": module_lines(pkg, files), "engine_row_elsewhere": elsewhere, "rows": rows,
+           "missing_names": missing,
            "referenced_not_counted": referenced_not_counted(pkg, counted, files), "speclab_only": SPECLAB_ONLY,
            "nano_only": NANO_ONLY}
     nano_pkg = a.nano / "nanovllm"
