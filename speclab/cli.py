@@ -167,7 +167,7 @@ def resolve_checkpoint(name: str, role: str = "target") -> Path:
 
 def sampling_params(args: argparse.Namespace, **extra: Any) -> Any:  # a speclab.engine.SamplingParams
     "The engine's `SamplingParams` for a `generate` or `demo` command line; an error names the flag."
-    from speclab.engine import SamplingParams
+    from speclab.request import SamplingParams
     try:
         return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
                               max_tokens=args.max_tokens, **extra)
@@ -507,7 +507,7 @@ def time_demo(eng: Any,  # the speclab.engine.SpecDecoder of `load_decoder`
 def drafter_words(drafter: Any) -> str:
     "How the demo names its drafter: the draft model's depth, the EAGLE head, or n-gram lookup."
     from speclab.eagle import EagleDrafter
-    from speclab.engine import ModelDrafter
+    from speclab.drafters import ModelDrafter
     if isinstance(drafter, ModelDrafter):
         return f"a {drafter.model.args.num_layers}-layer draft distilled from it"
     if isinstance(drafter, EagleDrafter):
@@ -1008,7 +1008,8 @@ def check_prompts(sources: Sequence[tuple[str, str]], params: Any, tok: Any, mod
                   fail: Callable[[str], NoReturn]) -> None:
     """Each (where, prompt) holds a token of the target's tokenizer and fits its context beside --max-tokens; then the
     engine's own `InputProcessor` (on the config's context and vocabulary, no model) checks it as a request."""
-    from speclab.engine import EngineConfig, InputProcessor
+    from speclab.config import EngineConfig
+    from speclab.request import InputProcessor
     context, m = model.max_position_embeddings or math.inf, params.max_tokens
     if m >= context:
         fail(f"--max-tokens {m} exceeds the context of {context} positions: no room for a prompt")
@@ -1026,7 +1027,7 @@ def check_prompts(sources: Sequence[tuple[str, str]], params: Any, tok: Any, mod
 
 def check_calibration(cap: int, model: Any, fail: Callable[[str], NoReturn]) -> None:
     "--kappa auto times requests of (steps + 2)(cap + 1) new tokens (Chapter 8's `measure_step_costs`): they must fit."
-    from speclab.engine import measure_step_costs
+    from speclab.policy import measure_step_costs
     steps = inspect.signature(measure_step_costs).parameters["steps"].default
     need, context = (steps + 2) * (cap + 1), model.max_position_embeddings or math.inf
     if need >= context:

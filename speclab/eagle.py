@@ -8,9 +8,8 @@ __all__ = ['HEAD_ARCH', 'EAGLE3_ARCHS', 'EAGLE_NAMES', 'eagle3_layers', 'last_la
            'train_head', 'heldout_agreement', 'save_head', 'load_head', 'eagle_path', 'is_eagle_head',
            'eagle3_default_layers', 'eagle3_layout', 'Eagle3Head', 'eagle3_hidden', 'eagle3_target_ids',
            'eagle3_logits', 'step_hidden', 'step_logits', 'eagle3_config', 'eagle3_weights_file', 'eagle3_check',
-           'eagle3_map', 'check_eagle3', 'load_eagle3', 'is_eagle3', 'write_eagle3', 'capture_paged', 'draw_drafts',
-           'draft_dtype', 'cast_head', 'EagleDrafter', 'head_step_seconds', 'eagle_drafter', 'load_drafter',
-           'sweep_eagle', 'main']
+           'eagle3_map', 'check_eagle3', 'load_eagle3', 'is_eagle3', 'write_eagle3', 'capture_paged', 'draft_dtype',
+           'cast_head', 'EagleDrafter', 'head_step_seconds', 'eagle_drafter', 'load_drafter', 'sweep_eagle', 'main']
 
 # %% ../nbs/12_eagle.ipynb #bf971328
 import argparse
@@ -29,8 +28,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from fastcore.basics import patch
 
-from .engine import check_confidence, keep_drafting, RequestState, StepPlan, request_probs
+from .drafters import ChainDrafter, check_confidence
+from .request import RequestState
+from .scheduler import StepPlan
 from .kv import PagedKV
 from .model import (Attend, Llama, LlamaArgs, PagedBatch, RMSNorm, _layer, apply_rope, decoder_layer,
                            load_model, mlp, pack_state_dict, paged_attend, paged_batch, paged_cache, rope_cos_sin,
@@ -543,17 +545,6 @@ def capture_paged(target: Llama, cache: list[PagedKV], batch: PagedBatch, layers
         x = x[logits_indices.to(x.device)]
     return target.model.norm(x) @ target.head_weight.T, features
 
-def draw_drafts(logits: torch.Tensor, batch: list[RequestState], greedy: bool,
-                all_greedy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    "One draft token per row and its q row (one-hot for an argmax; None when the whole batch is greedy)."
-    if all_greedy:
-        return logits.argmax(-1), None
-    if greedy or all(r.params.greedy for r in batch):
-        tokens = logits.argmax(-1)
-        return tokens, F.one_hot(tokens, logits.shape[1]).to(logits.dtype)
-    q = request_probs(logits, [r.params for r in batch])
-    return draw_tokens(q, [r.params.greedy for r in batch], [r.draft_gen for r in batch], check=False), q
-
 # %% ../nbs/12_eagle.ipynb #e12half2
 def draft_dtype(target: Llama) -> torch.dtype:
     "The dtype a head drafts in by default: float16 for a float32 target on the CPU (half the bytes), else its own."
@@ -573,10 +564,9 @@ def cast_head(head: EagleHead | Eagle3Head, target: Llama, dtype: torch.dtype) -
 
 
 # %% ../nbs/12_eagle.ipynb #3265ac31
-class EagleDrafter:
-    """Drafts with an EAGLE head: the target's features of the verified positions in, kappa tokens and q rows out.
-    With `min_confidence`, a request stops drafting after a token the head gave less than that probability."""
-    uses_probs = True
+class EagleDrafter(ChainDrafter):
+    """Drafts with an EAGLE head: the target's features of the verified positions in, kappa tokens and q rows out
+    (Chapter 8's chain loop). With `min_confidence`, a request stops after a token the head gave less than that."""
     reuses_prefix_kv = False   # a cached block may hold head K/V made from the head's own states: recompute them
 
     def __init__(self, head: EagleHead | Eagle3Head, target: Llama, greedy: bool = False,
@@ -593,7 +583,6 @@ class EagleDrafter:
         self.draft_head, self.draft_target = cast_head(head, target, self.dtype)
         self.greedy = greedy
         self.min_confidence = check_confidence(min_confidence)
-        self.tokenizer = None
 
     @property
     def vocab_size(self) -> int:
@@ -616,76 +605,61 @@ class EagleDrafter:
         self.features.index_copy_(0, batch.slot_mapping, features.to(self.dtype))
         return logits
 
-    def feature_positions(self, r: RequestState, start: int, end: int) -> list[int]:
-        "Whose target features positions start..end-1 read: the position before each (-1: none, for position 0)."
-        return list(range(start - 1, end - 1))
+    drafts_are_cached = False  # a fed draft's head K/V came from the head's own state: the catch-up redoes them
 
-    def _slots(self, r, positions):
-        bs = self.block_size
-        table = r.block_table
-        return [table[p // bs] * bs + p % bs if p >= 0 else -1 for p in positions]
-
-    def _run(self, batch, starts, blocks, features):
-        "The head over each request's block of positions; its hidden state at each block's last row."
-        dev = self.target.head_weight.device
-        pb = paged_batch(blocks, starts, [r.block_table for r in batch], self.block_size, dev, self.sliding_window,
-                         check=False)                                 # the engine's own tables, as ModelDrafter's
-        head, target = self.draft_head, self.draft_target
-        cos, sin = rope_cos_sin(head.inv_freq, pb.positions, features.dtype)
-        hidden = step_hidden(head, target, features, pb.token_ids, cos, sin, paged_attend(self.cache[0], pb))
-        return hidden[pb.last_token_indices]
-
-    def _catch_up(self, plan: StepPlan) -> tuple[list[int], torch.Tensor, torch.Tensor]:
-        """Feed the head the verified positions, each reading the target's features of the position before it:
-        (head positions cached per request, the head state at each request's last row, that row's fused feature)."""
-        batch = plan.requests
-        ends = [min(len(r.token_ids), c + 1) for r, c in zip(batch, plan.first_positions())]   # the feature lag
-        starts = [min(r.num_draft_computed, e - 1) for r, e in zip(batch, ends)]
-        slots, blocks = [], []
-        for r, s, e in zip(batch, starts, ends):
-            slots += self._slots(r, self.feature_positions(r, s, e))
-            blocks.append(r.token_ids[s:e])
-        idx = torch.tensor(slots, device=self.features.device)
-        fused = self.draft_head.fc(self.features[idx.clamp(min=0)] * (idx >= 0)[:, None])
-        last = torch.tensor([len(b) for b in blocks]).cumsum(0) - 1
-        return ends, self._run(batch, starts, blocks, fused), fused[last.to(fused.device)]
-
-    @torch.no_grad()
-    def propose(self, plan: StepPlan) -> tuple[list[list[int]], torch.Tensor | None, list[int]]:
-        """Catch the head up on the verified positions, then draft: drafts, their q rows, and the head positions now
-        cached from the target's features (the update writes them into each record's `num_draft_computed`)."""
-        batch, kappas = plan.requests, plan.kappas
+    def start(self, plan: StepPlan) -> tuple[list[int], torch.Tensor, list[int]]:
+        "The catch-up; a request still on its prompt (its features lag) drafts nothing this step."
         ends, hidden, _ = self._catch_up(plan)
-        kap = torch.tensor([k if e == len(r.token_ids) else 0 for r, k, e in zip(batch, kappas, ends)])
-        K = int(kap.max()) if len(kap) else 0
-        toks = torch.zeros(len(batch), K, dtype=torch.int64)
-        drawn = torch.zeros(len(batch), dtype=torch.int64)
-        live = (kap > 0).nonzero()[:, 0]
-        all_greedy = all(r.params.greedy for r in batch)
-        qs, keys = [], []
-        for j in range(K):
-            logits = step_logits(self.draft_head, self.draft_target, hidden[live.to(hidden.device)])
-            logits = logits.to(self.target.head_weight.dtype)          # q in the target's dtype, as the sampler's p
-            tokens, q = draw_drafts(logits, [batch[i] for i in live.tolist()], self.greedy, all_greedy)
-            toks[live, j] = tokens.cpu()
-            drawn[live] += 1
-            qs.append(q)
-            keys.append(live * K + j)
-            more = kap[live] > j + 1                                   # the last draft is drawn, never fed,
-            if self.min_confidence:
-                more &= keep_drafting(logits, tokens, self.min_confidence)   # nor is one the head doubts
-            live = live[more]
-            if not len(live):                                          # every run has ended
-                break
-            rows = live.to(hidden.device)
-            own = self._run([batch[i] for i in live.tolist()], [ends[i] + j for i in live.tolist()],
-                            [[t] for t in toks[live, j].tolist()], hidden[rows])    # its own state as feature
-            hidden = hidden.index_copy(0, rows, own)
-        drafts = [row[:k] for row, k in zip(toks.tolist(), drawn.tolist())]
-        if not qs or all_greedy:
-            return drafts, None, ends
-        order = torch.cat(keys).argsort().to(qs[0].device)
-        return drafts, torch.cat(qs)[order], ends
+        kappas = [k if e == len(r.token_ids) else 0 for r, k, e in zip(plan.requests, plan.kappas, ends)]
+        return ends, hidden, kappas
+
+    def logits(self, state: torch.Tensor) -> torch.Tensor:
+        "The head's logits from its states, in the target's dtype (q as the sampler's p)."
+        return step_logits(self.draft_head, self.draft_target, state).to(self.target.head_weight.dtype)
+
+    def advance(self, batch: list[RequestState], positions: list[int], tokens: torch.Tensor,
+                state: torch.Tensor) -> torch.Tensor:
+        "Feed each drafted token with the head's own state as its feature: the next states."
+        return self._run(batch, positions, [[t] for t in tokens.tolist()], state)
+
+# %% ../nbs/12_eagle.ipynb #e12dr0002
+@patch
+def feature_positions(self: EagleDrafter, r: RequestState, start: int, end: int) -> list[int]:
+    "Whose target features positions start..end-1 read: the position before each (-1: none, for position 0)."
+    return list(range(start - 1, end - 1))
+
+@patch
+def _slots(self: EagleDrafter, r, positions):
+    bs = self.block_size
+    table = r.block_table
+    return [table[p // bs] * bs + p % bs if p >= 0 else -1 for p in positions]
+
+@patch
+def _run(self: EagleDrafter, batch, starts, blocks, features):
+    "The head over each request's block of positions; its hidden state at each block's last row."
+    dev = self.target.head_weight.device
+    pb = paged_batch(blocks, starts, [r.block_table for r in batch], self.block_size, dev, self.sliding_window,
+                     check=False)                                 # the engine's own tables, as ModelDrafter's
+    head, target = self.draft_head, self.draft_target
+    cos, sin = rope_cos_sin(head.inv_freq, pb.positions, features.dtype)
+    hidden = step_hidden(head, target, features, pb.token_ids, cos, sin, paged_attend(self.cache[0], pb))
+    return hidden[pb.last_token_indices]
+
+@patch
+def _catch_up(self: EagleDrafter, plan: StepPlan) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+    """Feed the head the verified positions, each reading the target's features of the position before it:
+    (head positions cached per request, the head state at each request's last row, that row's fused feature)."""
+    batch = plan.requests
+    ends = [min(len(r.token_ids), c + 1) for r, c in zip(batch, plan.first_positions())]   # the feature lag
+    starts = [min(r.num_draft_computed, e - 1) for r, e in zip(batch, ends)]
+    slots, blocks = [], []
+    for r, s, e in zip(batch, starts, ends):
+        slots += self._slots(r, self.feature_positions(r, s, e))
+        blocks.append(r.token_ids[s:e])
+    idx = torch.tensor(slots, device=self.features.device)
+    fused = self.draft_head.fc(self.features[idx.clamp(min=0)] * (idx >= 0)[:, None])
+    last = torch.tensor([len(b) for b in blocks]).cumsum(0) - 1
+    return ends, self._run(batch, starts, blocks, fused), fused[last.to(fused.device)]
 
 # %% ../nbs/12_eagle.ipynb #dc24d7d9
 @torch.no_grad()
@@ -722,7 +696,7 @@ def load_drafter(target: Llama, draft: str | Path | None, ngram: int | None, dty
     """The drafter for `target` that a folder or `ngram` names: n-gram lookup, an EAGLE head (a head's folder), a
     draft model (a checkpoint folder), or None; a model or a head stops drafting below `min_confidence`.
     `speclab generate`, `demo` and `serve` all build theirs here."""
-    from speclab.engine import ModelDrafter, NgramDrafter
+    from speclab.drafters import ModelDrafter, NgramDrafter
     from speclab.model import load_tokenizer
     if ngram is not None:
         return NgramDrafter(ngram)
@@ -739,7 +713,7 @@ def sweep_eagle(batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), kappa: int = 
                 threads: int | None = 1, progress: bool = True) -> list:
     "Chapter 9's sweep on the shipped tiny target with the shipped EAGLE head (rows named 'eagle3', vLLM's method)."
     from speclab.sweep import measure_point, sweep, sweep_prompts, torch_threads
-    from speclab.engine import SamplingParams
+    from speclab.request import SamplingParams
     from speclab.model import load_tokenizer
     tokenizer = load_tokenizer(tiny_pair_path("target"))
     target = load_model(tiny_pair_path("target"))

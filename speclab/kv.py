@@ -388,6 +388,19 @@ class PagedKV:
         self.k.view(-1, *self.k.shape[2:])[idx] = k
         self.v.view(-1, *self.v.shape[2:])[idx] = v
 
+    def move_slots(self, src_slots: Sequence[int], dst_slots: Sequence[int]) -> None:
+        "Copy the K/V rows at `src_slots` to `dst_slots` (gathered first, so overlapping moves are safe)."
+        if len(src_slots) != len(dst_slots):
+            raise ValueError(f"src_slots and dst_slots must have equal length, got {len(src_slots)} and {len(dst_slots)}")
+        n = self.k.shape[0] * self.k.shape[1]
+        if any(not isinstance(s, int) or not 0 <= s < n for s in (*src_slots, *dst_slots)):
+            raise ValueError(f"src_slots and dst_slots must be slots in [0, {n})")
+        src = torch.as_tensor(src_slots, dtype=torch.int64, device=self.k.device)
+        dst = torch.as_tensor(dst_slots, dtype=torch.int64, device=self.k.device)
+        for cache in (self.k, self.v):
+            flat = cache.view(-1, *cache.shape[2:])
+            flat[dst] = flat[src].clone()
+
     def read(self, block_table: Sequence[int], positions: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         "K/V rows of `positions` through `block_table`; a position whose block was freed is an error."
         slots = []

@@ -18,7 +18,7 @@ import httpx
 import torch
 from tqdm.auto import tqdm
 
-from .engine import SamplingParams
+from .request import SamplingParams
 from .roofline import SpecMetrics
 from .model import KVCache, Llama, forward, load_tokenizer
 from .train import tiny_pair_path

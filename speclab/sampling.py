@@ -881,17 +881,20 @@ def rows_at_positions(processors: ProcessorRows, metadata: SpecDecodeIndices) ->
 def rejection_sampler(metadata: SpecDecodeIndices, logits: Tensor, draft_probs: Tensor | None,
                       sampling: SamplingMetadata, backend: str = "torch", *, check: bool = True) -> Tensor:
     """One step's sampling: the target's [N + B, V] logits -> output_token_ids [B, max_spec_len + 1] (vLLM's forward).
-    A request whose processors leave no token at some emitted position ends there: NO_VALID_TOKEN_ID, then nothing."""
+    A request with no token left at some emitted position (its processors, or the model, gave every token -inf)
+    ends there: NO_VALID_TOKEN_ID, then nothing."""
     ops = get_backend(backend)
     if check:                                      # once, at the edge: every piece below runs unchecked
         _check_sampler_inputs(metadata, logits, draft_probs, sampling)
-    if sampling.processors is None:                # the usual step: no history-dependent field, no row can be empty
-        return _sample_step(ops, metadata, logits, draft_probs, sampling, 0.0, backend)
-    rows = rows_at_positions(sampling.processors, metadata)
-    logits = process_logits(logits, rows)          # every position with the history plain decoding had there
-    no_valid = no_valid_rows(logits)               # rows the processors emptied: vLLM's no_valid_token_mask
-    min_p = 0.0 if rows.min_p is None else rows.min_p
+    min_p = 0.0
+    if sampling.processors is not None:            # history-dependent fields: each position with its own history
+        rows = rows_at_positions(sampling.processors, metadata)
+        logits = process_logits(logits, rows)
+        min_p = 0.0 if rows.min_p is None else rows.min_p
+    no_valid = no_valid_rows(logits)               # every row of every step: the model's own -inf rows too
     out = _sample_step(ops, metadata, neutralize(logits, no_valid), draft_probs, sampling, min_p, backend)
+    if not bool(no_valid.any()):                   # the usual step: nothing to cut
+        return out
     return cut_at_no_valid(out, no_valid, metadata.num_draft_tokens)
 
 def _sample_step(ops, metadata, logits, draft_probs, sampling, min_p, backend) -> Tensor:

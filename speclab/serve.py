@@ -53,9 +53,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
 from pydantic.json_schema import SkipJsonSchema
 from starlette.exceptions import HTTPException
 
-from .engine import (REPETITION_MAX, REPETITION_MIN, SAMPLING_EPS, TOP_K_ALL, KappaPolicy, Output,
-                            SamplingParams, SpecDecoder, SpecMetrics, StepCosts, StepOutput, check_confidence,
-                            measure_step_costs, prompt_logprobs)
+from .request import REPETITION_MAX, REPETITION_MIN, SAMPLING_EPS, TOP_K_ALL, Output, SamplingParams, StepOutput
+from .drafters import check_confidence
+from .runner import prompt_logprobs
+from .engine import SpecDecoder, SpecMetrics
+from .policy import KappaPolicy, StepCosts, measure_step_costs
 from .model import Llama, load_model, load_tokenizer
 
 _log = logging.getLogger("speclab.serve")

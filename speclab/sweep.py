@@ -19,7 +19,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from .engine import ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder, StepCosts
+from .request import SamplingParams
+from .drafters import ModelDrafter, NgramDrafter
+from .engine import SpecDecoder
+from .policy import StepCosts
 from .metadata import SpecDecodeMetadata
 from .model import KVCache, Llama, forward, load_model, load_tokenizer
 from .sampling import (PLACEHOLDER_TOKEN_ID, SamplingMetadata, draw_tokens, generate_uniform_probs,

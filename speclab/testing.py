@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .engine import SamplingParams, processor_rows, request_probs
+from .request import SamplingParams
+from .processors import processor_rows, request_probs
 from .kv import FREED
 from .model import (KVCache, Llama, LlamaArgs, decoder_layer, forward, forward_paged, paged_batch,
                            paged_cache, rope_cos_sin)

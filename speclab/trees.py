@@ -6,8 +6,8 @@
 __all__ = ['SCHEMES', 'Rule', 'PLANTED', 'check_scheme', 'one_hot', 'trial_drafts', 'draw_children', 'recursive_rule',
            'node_emit', 'children_law', 'emit_law', 'node_law', 'node_acceptance', 'unnormalized_rule', 'TokenTree',
            'check_widths', 'draft_tree', 'verify_tree', 'tree_stepper', 'tree_step_law', 'tree_law',
-           'expected_tokens_per_step', 'dynamic_tree', 'reach_probs', 'commit_tree_path', 'TreeDrafter', 'Growth',
-           'parse_token_tree', 'EagleTreeDrafter', 'eagle_tree_drafter']
+           'expected_tokens_per_step', 'dynamic_tree', 'reach_probs', 'TreeDrafter', 'Growth', 'parse_token_tree',
+           'EagleTreeDrafter', 'eagle_tree_drafter']
 
 # %% ../nbs/14_trees.ipynb #t14a0004
 import itertools
@@ -336,34 +336,23 @@ def reach_probs(tree: TokenTree, target_probs: Sequence[np.ndarray] | np.ndarray
         reach[i] = reach[tree.parents[i]] * float(target_probs[tree.parents[i]][tree.tokens[i]])
     return reach
 
-# %% ../nbs/14_trees.ipynb #t14d0002
-from .kv import BlockManager, PagedKV
-from .kvlab import compact_tree_path, tree_path_moves
-
-def commit_tree_path(manager: BlockManager, caches: Sequence[Sequence[PagedKV]], req_id: object, tree: TokenTree,
-                     path: Sequence[int], emitted: Sequence[int]) -> int:
-    """After a verified tree step: move the accepted nodes' K/V (tree nodes `path`, root excluded) to the chain's slots
-    in every layer of every cache, then commit `emitted`; the other nodes roll back. Returns the bytes moved."""
-    if len(emitted) != len(path) + 1:
-        raise ValueError(f"emitted must hold the {len(path)} accepted tokens plus one, got {len(emitted)}")
-    src, dst = tree_path_moves(manager, req_id, [node - 1 for node in path])   # drafted node i: lookahead slot i - 1
-    moved = sum(compact_tree_path(kv, src, dst) for cache in caches for kv in cache) if src else 0
-    manager.commit(req_id, len(tree) - 1, len(path), list(emitted))
-    return moved
-
 # %% ../nbs/14_trees.ipynb #t14e0002
 import torch
-from .engine import ModelDrafter, Proposal, StepPlan, fed_parents
+from .drafters import ModelDrafter, Proposal
 from .model import Llama, forward_paged, long_tensor, paged_batch
+from .scheduler import StepPlan
 
 class TreeDrafter(ModelDrafter):
     """EAGLE-2 trees from a draft model: each level expands the `topk` nodes of highest cumulative draft probability
     with their `topk` likeliest children (at most `depth` levels); the step verifies the best kappa nodes. With
     `token_tree` (vLLM's rank paths, see `parse_token_tree`) every step drafts that fixed shape instead."""
+    proposes_trees = True
+
     def __init__(self, model: Llama, topk: int = 2, depth: int = 4, tokenizer: object | None = None,
                  token_tree: str | Sequence[Sequence[int]] | None = None):
         super().__init__(model, greedy=True, tokenizer=tokenizer)
         self.token_tree = None if token_tree is None else parse_token_tree(token_tree)   # a fixed shape (vLLM's)
+        self.num_tree_nodes = None if self.token_tree is None else len(self.token_tree)   # kappa must equal it
         static = self.token_tree or [(topk - 1,) * depth]
         self.topk = as_count(max(max(p) for p in static) + 1, "topk")
         self.depth = as_count(max(len(p) for p in static), "depth")
@@ -465,6 +454,7 @@ class Growth:
         index = {old: new for new, old in enumerate([0] + keep)}
         return [self.tokens[i] for i in keep], [-1] + [index[self.parents[i]] for i in keep]
 
+# %% ../nbs/14_trees.ipynb #t14e0013
 def parse_token_tree(tree: str | Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
     """vLLM's `speculative_token_tree`: one path of draft ranks per node, e.g. "[(0,), (1,), (0, 0)]" (the draft's
     top two tokens, and the top token after the first). Checked (every path's parent listed, ranks ints >= 0, no
@@ -500,6 +490,7 @@ class EagleTreeDrafter(EagleDrafter):
     highest cumulative head probability with their `topk` likeliest children (at most `depth` levels). A node reads
     its parent's head state as its feature; the step verifies the best kappa nodes by the target-only rule."""
     levels = TreeDrafter.levels                      # the same node budget as the draft model's trees
+    proposes_trees = True
     token_tree = None                                # EAGLE-2's dynamic expansion only (no fixed shape)
 
     def __init__(self, head: EagleHead | Eagle3Head, target: Llama, topk: int = 2, depth: int = 4,
@@ -519,7 +510,7 @@ class EagleTreeDrafter(EagleDrafter):
         return step_logits(self.draft_head, self.draft_target, hidden)
 
     @torch.no_grad()
-    def propose(self, plan: StepPlan) -> Proposal | tuple:
+    def propose(self, plan: StepPlan) -> Proposal:
         "Per request: its tree's nodes (storage order), no q rows, head positions cached, parents over [root] + nodes."
         batch, kappas = plan.requests, plan.kappas
         ends, hidden, root_features = self._catch_up(plan)
@@ -537,9 +528,7 @@ class EagleTreeDrafter(EagleDrafter):
                 rows = self._score(plan, grow, states, root_features, live)
         trees = [g.best(k) for g, k in zip(grow, budget)]
         drafts = [t[0] for t in trees]
-        if not any(drafts):                            # no tree this step: the chain answer EagleDrafter gives
-            return drafts, None, ends
-        return Proposal(drafts, None, ends, [t[1] for t in trees])
+        return Proposal(drafts, None, ends, [t[1] for t in trees] if any(drafts) else None)
 
     def _score(self, plan: StepPlan, grow: list, states: list, root_features: torch.Tensor, live: list[int]) -> dict:
         """One head forward over the live requests' fed nodes ([root] + expanded, the ancestor mask in the head's K/V):

@@ -17,7 +17,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # per-step tensors (a 25,000-request law batch) fault in fresh zeroed pages at every step: up to a third of a law
 # test's CPU time here, as system time. Freed memory stays in the heap instead, in this process (mallopt) and in every
 # process it starts (GLIBC_TUNABLES: xdist workers, notebooks, servers, CLI children). Nothing computed changes; a
-# process keeps its peak memory. Measured: benchmarks/RESULTS.md (twelfth session, issue 25).
+# process keeps its peak memory. Measured: benchmarks/RESULTS.md, "The test suite's time".
 MALLOC_KEEP = 2 ** 31 - 1                 # bytes: mallopt's largest threshold (an int)
 MALLOC_TUNABLES = f"glibc.malloc.mmap_threshold={MALLOC_KEEP}:glibc.malloc.trim_threshold={MALLOC_KEEP}"
 
@@ -108,8 +108,8 @@ def pytest_configure(config):
     suite_clock.pytest_configure(config)
 
 
-# The longest tests and groups first (measured: benchmarks/RESULTS.md, issue 25), so that no worker starts a long one
-# while the other is about to run dry; the rest keep their order.
+# The longest tests and groups first (measured: benchmarks/RESULTS.md, "The test suite's time"), so that no
+# worker starts a long one while the other is about to run dry; the rest keep their order.
 HEAVY_FIRST = ("tests/test_gradescope.py", "tests/test_site.py", "tests/test_engine.py::test_law_of",
                "tests/test_eagle.py", "tests/test_sampling_fields.py", "tests/test_repo.py::test_notebook_runs",
                "tests/test_audit.py", "tests/test_scheduler.py", "tests/test_sampling.py::test_distribution",

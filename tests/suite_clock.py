@@ -2,7 +2,7 @@
 
 * Every run ends with the time of each test file: the sum of its tests' wall time (setup, call and teardown) and of
   their CPU time (this process and the subprocesses it waited for). CPU seconds hardly move when another job shares
-  the machine, so they are what `benchmarks/suite_times.py` turns into a cost model.
+  the machine, so they are what `benchmarks/suite/suite_times.py` turns into a cost model.
 * The suite has a budget, SPECLAB_SUITE_BUDGET_S seconds of wall time (default 2,700: 45 minutes). A run that passes
   it fails, naming its ten slowest tests, so growth is caught while it is still cheap to fix.
 * With SPECLAB_TEST_TIMES=path the per-test figures are also written there as JSON.

@@ -14,7 +14,7 @@ from scipy import optimize, stats
 from speclab.acceptance import fit_alpha, iid_probs, iid_test, metrics_from_hist
 from speclab.sweep import measured_crossing, sweep
 from speclab.vllm_io import load_table, save_table
-from speclab.engine import ModelDrafter, NgramDrafter
+from speclab.drafters import ModelDrafter, NgramDrafter
 from speclab.roofline import SpecMetrics
 from speclab.roofline import batch_speedup, crossing_batch
 from speclab.testing import tiny_random_pair
@@ -104,7 +104,7 @@ def test_measure_points_share_one_plain_baseline_and_refuse_bad_rate_sets():
     """`measure_points` times plain decoding once for every rate set: each row carries the same plain throughput, the
     exact row's counts do not depend on which synthetic rows ride along, and bad rate sets fail before any decoding."""
     from speclab.sweep import measure_points, sweep_tiny_pair
-    from speclab.engine import SamplingParams
+    from speclab.request import SamplingParams
     target, draft = tiny_random_pair(vocab_size=16, context=64)
     prompts, params = [[1, 2, 3], [4, 5]], SamplingParams(temperature=0, max_tokens=8)
     rows = measure_points(target, ModelDrafter(draft), prompts, 2, params, 3, rate_sets=[None, [0.9, 0.5, 0.2]],
@@ -127,7 +127,8 @@ def test_synthetic_sampler_rates():
     5,000 drafts reach each position, so at the widest tolerance (a = 0.6: z * SE = 0.023) a rate off by 0.03 is
     flagged with probability above 0.85, one off by 0.05 with probability above 0.999."""
     from speclab.sweep import SyntheticSampler
-    from speclab.engine import SamplingParams, SpecDecoder
+    from speclab.request import SamplingParams
+    from speclab.engine import SpecDecoder
     from speclab.proof import LEVEL
     target, draft = tiny_random_pair()
     rates = [0.9, 0.6, 0.3]
@@ -142,7 +143,7 @@ def test_synthetic_sampler_rates():
 def test_synthetic_sampler_refuses_bad_rates():
     "Rates must be a non-increasing list in [0, 1]; measure_point refuses synthetic rates without a drafter."
     from speclab.sweep import SyntheticSampler, measure_point
-    from speclab.engine import SamplingParams
+    from speclab.request import SamplingParams
     with pytest.raises(ValueError, match="non-increasing"):
         SyntheticSampler([0.3, 0.6])
     with pytest.raises(ValueError, match=r"\[0, 1\]"):

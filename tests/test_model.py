@@ -259,7 +259,7 @@ def test_unchecked_paged_step_is_the_checked_one(window, monkeypatch):
 
 
 
-# --- token trees in the paged forward (issue 42) ------------------------------------------------------------------
+# --- token trees in the paged forward -------------------------------------------------------------------------
 
 def _random_tree(g, n):
     "A parent array of n nodes: each parent the previous node or a uniform earlier one, so trees are deep and bushy."

@@ -1,4 +1,4 @@
-"""The official `openai` client against a `speclab serve` subprocess (issue 27).
+"""The official `openai` client against a `speclab serve` subprocess.
 
 Nothing that would change the output may be silently ignored: every field of OpenAI's /v1/completions and of vLLM's
 extra sampling fields is either honoured or refused with a 400 that names it. The client sends vLLM's extras through
@@ -11,7 +11,7 @@ pytestmark = pytest.mark.xdist_group("openai_client")   # one worker: its module
 
 openai = pytest.importorskip("openai")
 
-from speclab.engine import SamplingParams
+from speclab.request import SamplingParams
 from speclab.serve import bad_words_ids, load_engine
 from speclab.testing import serve_process
 from speclab.train import tiny_pair_path
@@ -177,7 +177,7 @@ def test_echo_and_spec_stats(client, reference, stream):
 
 
 def test_continuous_usage_stats(client, reference):
-    """Issue 39: stream_options.continuous_usage_stats (guidellm sends it) puts usage in every chunk, vLLM's way: the
+    """stream_options.continuous_usage_stats (guidellm sends it) puts usage in every chunk, vLLM's way: the
     prompt's length, the choice's tokens so far (growing to the request's count), their sum; the usage chunk after
     the choices says the same as a non-streamed request. Without it, chunks carry usage null."""
     n_prompt = len(reference.tokenizer(PROMPT)["input_ids"])
@@ -210,7 +210,7 @@ def test_stream_options_refuse_what_they_cannot_honour(client, options, param):
 @pytest.mark.parametrize("field, value", [("temperature", "0.5"), ("max_tokens", "8"), ("top_p", "1"), ("n", 1.5),
                                           ("seed", "3"), ("echo", "true"), ("logprobs", True)])
 def test_numbers_and_bools_are_strict(client, field, value):
-    "Issue 39: a string, a fraction or a bool where the API wants a number or a bool is a 400 naming the field."
+    "A string, a fraction or a bool where the API wants a number or a bool is a 400 naming the field."
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MODEL, prompt=PROMPT, **{"max_tokens": 4, field: value})
     assert e.value.body["param"] == field and field in e.value.body["message"], e.value.body
@@ -221,7 +221,7 @@ def test_numbers_and_bools_are_strict(client, field, value):
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_special_tokens_are_not_text(client, reference, stream):
-    """Issue 39: skip_special_tokens is true by default (vLLM's): an EOS the request does not stop on (ignore_eos) is
+    """skip_special_tokens is true by default (vLLM's): an EOS the request does not stop on (ignore_eos) is
     emitted but never written as <|endoftext|>: forced every time, the text is empty; mixed in at random (seeded),
     the text is the decode of the other tokens, streamed or not, and a stop string is still found across them."""
     forced = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=20, temperature=0, stream=stream,
@@ -248,7 +248,7 @@ def test_special_tokens_are_not_text(client, reference, stream):
 
 def test_the_engine_maps_what_the_server_maps():
     "SamplingParams itself (generate, not only the server): greedy below vLLM's epsilon, top_k clamped, a penalty range."
-    from speclab.engine import TOP_K_ALL
+    from speclab.request import TOP_K_ALL
     assert SamplingParams(temperature=1e-40).greedy and SamplingParams(top_k=10 ** 30).top_k == TOP_K_ALL
     with pytest.raises(ValueError, match="^repetition_penalty must lie in"):
         SamplingParams(repetition_penalty=5e-324)
@@ -352,7 +352,7 @@ def test_chat_logprobs_equal_the_completions_ones(chat_server):
 
 
 def test_chat_content_parts(chat_server):
-    """Issue 39: content as a list of parts (what current clients send): text parts are joined with newlines (vLLM's)
+    """Content as a list of parts (what current clients send): text parts are joined with newlines (vLLM's)
     and answered as the same text would be; any other part is a 400 naming it (messages.[i].content.[j])."""
     url, engine = chat_server
     parts = [MESSAGES[0], {"role": "user", "content": [{"type": "text", "text": "def add(a, b):"},

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import pins  # noqa: E402  (tools/pins.py: writes constraints.txt; its stranger's environment for pip)
 
 CONSTRAINTS = ROOT / "constraints.txt"
-MATRIX = ROOT / "benchmarks" / "install_matrix.json"
+MATRIX = ROOT / "benchmarks" / "setup" / "install_matrix.json"
 # newer releases break nbdev 2 (design.md): these stay exact in settings.ini's dev extra as well
 NBDEV_PINS = {"nbdev": "2.4.14", "fastcore": "1.14.5", "execnb": "0.1.18", "ghapi": "2.0.3"}
 # The platforms speclab claims, as environment markers see them (PEP 508), for every claimed Python below.
@@ -190,7 +190,7 @@ def third_party_imports() -> dict:
 
 def test_every_import_comes_with_the_library():
     """Every third-party module speclab's code imports is installed by `pip install speclab` alone (a requirement, or
-    one of theirs), never only by an extra: pydantic, used directly by Chapter 11, was missing before issue 39."""
+    one of theirs), never only by an extra: pydantic, used directly by Chapter 11, was once missing."""
     from importlib.metadata import packages_distributions
     owners, runtime = packages_distributions(), set(closure(extras=()))
     direct = {canonicalize_name(r.name) for r in requirements()}
@@ -345,7 +345,7 @@ def passed(row: dict) -> bool:
 
 def matrix_rows() -> list:
     if not MATRIX.exists():
-        pytest.fail(f"{MATRIX.relative_to(ROOT)} is missing: run benchmarks/install_matrix.py")
+        pytest.fail(f"{MATRIX.relative_to(ROOT)} is missing: run benchmarks/setup/install_matrix.py")
     return json.loads(MATRIX.read_text(encoding="utf-8"))["rows"]
 
 
@@ -376,7 +376,7 @@ def test_matrix_ran_the_lower_bounds():
     """The matrix's floor row installed, for every library requirement, the minor release of settings.ini's lower
     bound (torch: the script's stated exception), and passed: a bound moved without a new measurement fails here."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("install_matrix", ROOT / "benchmarks" / "install_matrix.py")
+    spec = importlib.util.spec_from_file_location("install_matrix", ROOT / "benchmarks" / "setup" / "install_matrix.py")
     im = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(im)
     rows = [r for r in matrix_rows() if r.get("kind") == "floor"]
@@ -389,17 +389,17 @@ def test_matrix_ran_the_lower_bounds():
         assert name in got and Version(got[name]).release[:2] == Version(series).release[:2], (r, got.get(name))
 
 
-FRESH = ROOT / "benchmarks" / "fresh_setup.json"
+FRESH = ROOT / "benchmarks" / "setup" / "fresh_setup.json"
 
 
 def fresh_rows() -> dict:
     if not FRESH.exists():
-        pytest.fail(f"{FRESH.relative_to(ROOT)} is missing: run benchmarks/fresh_setup.py")
+        pytest.fail(f"{FRESH.relative_to(ROOT)} is missing: run benchmarks/setup/fresh_setup.py")
     return {r["row"]: r for r in json.loads(FRESH.read_text(encoding="utf-8"))["rows"]}
 
 
 def test_two_commands_ran_end_to_end_with_pypi_alone():
-    """The README's claim, measured (benchmarks/fresh_setup.py): on Python 3.12, a fresh clone, PyPI alone, the
+    """The README's claim, measured (benchmarks/setup/fresh_setup.py): on Python 3.12, a fresh clone, PyPI alone, the
     set-up command installed PyPI's CUDA torch and the demo printed its speedup with greedy outputs identical, and
     the test command passed, skipping only what it names (and failing only the tests that read this very record,
     which did not exist yet when it ran)."""

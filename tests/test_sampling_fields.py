@@ -1,4 +1,4 @@
-"""Every history-dependent sampling field is exact under speculation (issue 27; Chapters 3, 5 and 8).
+"""Every history-dependent sampling field is exact under speculation (Chapters 3, 5 and 8).
 
 Penalties (presence, frequency, repetition), logit_bias, min_p, min_tokens, allowed_token_ids and bad_words are applied
 by one stage to every verify position with the history plain decoding would have had there: the committed tokens plus
@@ -67,8 +67,10 @@ import pytest
 import torch
 
 import speclab.sampling as sampling
-from speclab.engine import (ModelDrafter, NgramDrafter, SamplingParams, SpecDecoder, processor_rows,
-                            request_probs)
+from speclab.request import SamplingParams
+from speclab.processors import processor_rows, request_probs
+from speclab.drafters import ModelDrafter, NgramDrafter
+from speclab.engine import SpecDecoder
 from speclab.proof import LEVEL, chi_square_gof, draws_for_law, law_detectable_tv
 from speclab.testing import reference_logits, sequence_law, tiny_random_pair
 from test_engine import TV_JOINT

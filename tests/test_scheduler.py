@@ -44,8 +44,10 @@ import numpy as np
 import pytest
 import torch
 
-from speclab.engine import (FINISHED, KappaPolicy, ModelDrafter, NgramDrafter, Output, RequestState, SamplingParams,
-                            SpecDecoder, StepCosts)
+from speclab.request import FINISHED, Output, RequestState, SamplingParams
+from speclab.drafters import ModelDrafter, NgramDrafter
+from speclab.engine import SpecDecoder
+from speclab.policy import KappaPolicy, StepCosts
 from speclab.kv import FREED, hash_chain
 from speclab.kvlab import BuggyPrefixManager, BuggyWindowManager, check_invariants, manager_state
 from speclab.model import KVCache, Llama, forward
@@ -200,7 +202,7 @@ ADAPTIVE_COSTS = StepCosts(verify_s=0.1, verify_token_s=1e-4, draft_s=1e-3, draf
 
 
 class ChoiceCounter(KappaPolicy):
-    """Issue 41's adaptive policy, counting the kappas it chooses (planned, before the stopping rule). The synthetic
+    """The adaptive policy, counting the kappas it chooses (planned, before the stopping rule). The synthetic
     costs (a fixed part worth a thousand positions) make the choice vary: while hundreds of requests run, a draft
     pays only for requests whose live alpha is high, and deeper runs pay as the batch drains."""
     def __init__(self):
@@ -260,7 +262,7 @@ def law_run(config: str, sizes: tuple[int, ...]) -> tuple[np.ndarray, SpecDecode
 def test_law_under_engine_events(config):
     """The first three tokens of unseeded sampled requests (model drafter, kappa 3) follow the target's law at level
     1e-3 while requests join mid-run, hit the prefix cache, and (second and third configs) are preempted and
-    recompute; in the third (issue 41) the adaptive policy chooses each request's kappa per step (0 to 3, all chosen)
+    recompute; in the third the adaptive policy chooses each request's kappa per step (0 to 3, all chosen)
     and the draft's stopping rule cuts runs short. Each setting's test flags TV >= TV_EVENTS with probability 0.999 on
     its pooled bins; the counts must reject the other temperature's law (TV 0.20 and 0.09 from the true one)."""
     sizes = law_sizes()
@@ -609,7 +611,7 @@ def test_fuzz_block_accounting_every_step():
     holds in both pools the K/V of its key's tokens, and greedy requests follow plain greedy decoding. At the end
     everything drained and every block is free. The workload must have exercised what it claims to.
 
-    Why 20 seeds: 50 seeds (this test's count until issue 25) reach 1,107 arcs (line to next line) of speclab's
+    Why 20 seeds: 50 seeds (this test's earlier count) reach 1,107 arcs (line to next line) of speclab's
     engine.py, kv.py and sampling.py; seeds 0-5 already reach every one of them, and seeds 0-19 reach each at least
     6 times (a sys.settrace arc tracer, on the engine of commit ca10f5e)."""
     total = {}

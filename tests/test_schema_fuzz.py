@@ -1,4 +1,4 @@
-"""Schema fuzzing in CI (issue 39): schemathesis against `speclab serve`'s own OpenAPI schema (`app.openapi()`).
+"""Schema fuzzing in CI: schemathesis against `speclab serve`'s own OpenAPI schema (`app.openapi()`).
 
 Every operation of the schema gets a bounded, derandomized budget of generated requests, valid and invalid (positive
 and negative generation modes), sent over HTTP to a live server on the shipped tiny pair. Each answer must not be a

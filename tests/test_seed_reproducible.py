@@ -11,7 +11,10 @@ beside unseeded and differently seeded requests, in fresh engines whose own gene
 import pytest
 import torch
 
-from speclab.engine import KappaPolicy, ModelDrafter, SamplingParams, SpecDecoder, StepCosts
+from speclab.request import SamplingParams
+from speclab.drafters import ModelDrafter
+from speclab.engine import SpecDecoder
+from speclab.policy import KappaPolicy, StepCosts
 from speclab.model import load_model, load_tokenizer
 from speclab.train import tiny_pair_path
 from speclab.trees import TreeDrafter

@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import speclab.serve
 from speclab.cli import available_cores, serve_threads
 from speclab.vllm_io import metrics_delta, parse_prometheus
-from speclab.engine import Output, SamplingParams, StepOutput
+from speclab.request import Output, SamplingParams, StepOutput
 from speclab.serve import (Abort, Command, EngineLoop, Failed, ServerThread, Stream, build_app, engine_failure,
                            failure, load_engine)
 from speclab.train import tiny_pair_path
@@ -127,7 +127,7 @@ ENGINE_THREAD = {"LoopRun", "LoopRequests", "LoopSteps", "EngineLoop", "load_eng
 
 
 def test_only_the_engine_thread_touches_the_engine():
-    """Issue 39: the thread rule as structure. No function or class of the server but the engine loop's own parts (and
+    """The thread rule as structure. No function or class of the server but the engine loop's own parts (and
     build_app, which reads the engine once into ServerInfo before the thread runs) mentions `.engine`; the loop's
     functions are EngineLoop methods; no command carries code (no Call(fn)); the queries are named."""
     for name, obj in vars(speclab.serve).items():
@@ -246,12 +246,12 @@ def test_metrics_equal_the_engine(client, reference):
     ({"prompt": "x " * 600}, 400, "prompt", "invalid_request_error"),
     ({"prompt": [10 ** 9]}, 400, "prompt", "invalid_request_error"),
     ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "invalid_request_error"),
-    ({"prompt": "x", "max_tokens": -5, "min_tokens": 3}, 400, "max_tokens", "invalid_request_error"),   # issue 39
+    ({"prompt": "x", "max_tokens": -5, "min_tokens": 3}, 400, "max_tokens", "invalid_request_error"),
     ({"prompt": "x", "max_tokens": 10 ** 20}, 400, "max_tokens", "invalid_request_error"),              # not prompt
     ({"prompt": "x", "top_p": 0}, 400, "top_p", "invalid_request_error"),
     ({"prompt": "x", "stop": 3}, 400, "stop", "invalid_request_error"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options", "invalid_request_error"),
-    ({"prompt": "x", "temperature": "0.5"}, 400, "temperature", "invalid_request_error"),           # issue 39: strict
+    ({"prompt": "x", "temperature": "0.5"}, 400, "temperature", "invalid_request_error"),           # strict
     ({"prompt": "x", "max_tokens": "5"}, 400, "max_tokens", "invalid_request_error"),
     ({"prompt": "x", "n": 1.5}, 400, "n", "invalid_request_error"),
     ({"prompt": "x", "echo": 1}, 400, "echo", "invalid_request_error"),
@@ -472,8 +472,8 @@ def test_cli_argument_errors(argv, words):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_speclab_serve_process(tmp_path, sig):
-    """`speclab serve` as a real process: it prints its URL, serves, and SIGINT or SIGTERM (issue 39: exit 143, no
-    closing line) stops it with status 0 after its closing line. The SIGINT run starts at the defaults, --kappa auto
+    """`speclab serve` as a real process: it prints its URL, serves, and SIGINT or SIGTERM (which once exited 143
+    without it) stops it with status 0 after its closing line. The SIGINT run starts at the defaults, --kappa auto
     (it prints its calibration) and every core but one for torch (`serve_threads`); the SIGTERM run at a fixed kappa
     and one thread prints no calibration."""
     out = (tmp_path / "out.txt").open("w")
@@ -536,7 +536,7 @@ def test_siblings_share_prefix_blocks(client, server):
 
 
 def test_deliver_turns_engine_errors_into_failed(reference):
-    """Issue 39, item 6 (the engine's contract): a StepOutput finished with finish_reason "error" and Output.error
+    """The engine's contract: a StepOutput finished with finish_reason "error" and Output.error
     "Type: message" becomes Failed: 400 with the message alone for ValueError/TypeError (the request's own fields,
     `param` read from its first word), 500 with the whole error otherwise; counted under "error"; the other requests
     of the same step are delivered as usual. Fabricated outputs: no engine runs."""
@@ -618,7 +618,7 @@ def test_engine_error_finish_ends_its_request_alone(client, server, reference):
 
 
 def test_kv_cache_usage_and_inter_token_latency(client, server):
-    """Issue 39: vLLM's vllm:kv_cache_usage_perc (a gauge in [0, 1]: above 0 while a request holds blocks, 0 once
+    """vLLM's vllm:kv_cache_usage_perc (a gauge in [0, 1]: above 0 while a request holds blocks, 0 once
     all are free) and vllm:inter_token_latency_seconds (one observation per step after a request's first, vLLM's
     buckets, read against a real vLLM 0.32 scrape), parsed by prometheus_client."""
     lp = server[1]
@@ -651,7 +651,7 @@ def test_kv_cache_usage_and_inter_token_latency(client, server):
             [s.labels.get("le") for s in vllm[name].samples if s.name.endswith("_bucket")]
 
 
-FUZZ_FINDINGS = [   # what tests/test_schema_fuzz.py found (issue 39), each a request and what it must get now
+FUZZ_FINDINGS = [   # what tests/test_schema_fuzz.py found, each a request and what it must get now
     ({"": {}, "prompt": "x"}, 400, '""'),                                    # was param "" (an empty name, unnamed)
     (b'7\xff\xfe$\x80', 400, "body"),                                       # was param null (FastAPI's own 400)
     ({"prompt": "0", "repetition_penalty": 5e-324}, 400, "repetition_penalty"),   # was a 500 (NaN probabilities)

@@ -20,7 +20,7 @@ import pytest
 from speclab.remote import base_url, scrape, sweep_url
 from speclab.sweep import sweep, sweep_prompts
 from speclab.cli import _sweep_table
-from speclab.engine import ModelDrafter
+from speclab.drafters import ModelDrafter
 from speclab.model import load_model, load_tokenizer
 from speclab.testing import serve_process
 from speclab.train import tiny_pair_path

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 import speclab.engine
-from speclab.engine import SamplingParams, SpecDecoder
+from speclab.request import SamplingParams
+from speclab.engine import SpecDecoder
 from speclab.model import load_model
 from speclab.proof import LEVEL, chi_square_gof, detectable_tv, draws_for_law
 from speclab.sampling import fixed_point_pick, tree_children

@@ -1,4 +1,4 @@
-"""Token trees behind `speclab serve` (issue 42): SGLang's words on the command line, the official `openai` client,
+"""Token trees behind `speclab serve`: SGLang's words on the command line, the official `openai` client,
 and `speclab audit` of a tree-drafting server against a plain one.
 
 The audit runs the plan of tests/test_audit.py's `test_exact_pair_passes` (every check with power, level 0.001: a

