@@ -1,9 +1,9 @@
 """Module boundaries one streamed request crosses in the engine, counted with sys.setprofile.
 
-    python benchmarks/engine_walk.py                 # a table: the engine alone, then through serve's EngineLoop
-    python benchmarks/engine_walk.py --json > benchmarks/engine_walk_after.json
-    python benchmarks/engine_walk.py --modes engine  # the engine alone
-    PYTHONPATH=/tmp/speclab_at_sha python benchmarks/engine_walk.py --speclab-commit SHA   # another speclab tree
+    python benchmarks/engine/engine_walk.py          # a table: chain, tree, auto; the engine alone, then serve's loop
+    python benchmarks/engine/engine_walk.py --json > benchmarks/engine/engine_walk_after.json
+    python benchmarks/engine/engine_walk.py --modes engine --drafting chain   # the engine alone, chain drafting
+    PYTHONPATH=/tmp/speclab_at_sha python benchmarks/engine/engine_walk.py --speclab-commit SHA   # another tree
 
 A crossing is a Python call whose callee lives in one speclab module and whose caller, the nearest speclab frame on
 the stack, in another: speclab.A -> torch -> speclab.B counts as A -> B; calls into torch or the standard library
@@ -11,8 +11,13 @@ are not crossings, nor are calls inside one module. An edge is (caller module, c
 Per request: from add_request (serve: the Add command) to the step that finishes it; per step: each engine step
 (serve: the loop's step, its delivery and publishing), the steady state being the steps after the first (prefill).
 
-The request: the shipped tiny pair, the draft-model drafter, kappa 3, greedy, one short prompt, max_tokens 24 (EOS
-ignored), streamed, on an engine built as `speclab serve` builds it and warmed by one request with another prompt.
+The request: the shipped tiny pair, greedy, one short prompt, max_tokens 24 (EOS ignored), streamed, on an engine
+built as `speclab serve` builds it (`speclab.serve.load_engine`) and warmed by one request with another prompt. Three
+ways of drafting (DRAFTINGS): `chain`, the draft model proposing kappa 3 tokens a step; `tree`, Chapter 14's
+TreeDrafter on the same draft model (an EAGLE-2 tree: top-2, 3 levels, 5 nodes verified a step); `auto`, the draft
+model with `--kappa auto`: the KappaPolicy plans each step's kappa, on FIXED_COSTS (a calibration of this machine,
+rounded, given instead of measured so that its kappas and counts repeat; `--measured-calibration` calibrates the machine
+as `speclab serve` does, and its counts can then differ between runs).
 A refactored engine: adapt the three small functions under "The engine" (build, step function, serve's loop).
 """
 import argparse
@@ -28,20 +33,54 @@ PROMPT = "def add(a, b):\n"
 WARM_PROMPT = "import os\n"
 MAX_TOKENS = 24
 KAPPA = 3
+TREE = {"topk": 2, "num_steps": 3, "num_draft_tokens": 6}     # SGLang's words: 5 nodes verified a step
+DRAFTINGS = {"chain": {"kappa": KAPPA}, "tree": {"tree": TREE}, "auto": {"kappa": "auto"}}   # load_engine's arguments
 PREFIX = "speclab"
 
 
+# kappa "auto" with fixed step costs, so that its kappas do not follow one process's calibration.
+FIXED_COSTS = {"verify_s": 0.0058, "verify_token_s": 0.0004, "draft_s": 0.001, "draft_request_s": 0.0,
+               "spec_s": 0.0026}              # a calibration of the shipped pair on the 2-core AMD EPYC, rounded
+fixed_calls = [0]
+
+
+def fix_calibration() -> bool:
+    """Make `--kappa auto`'s calibration return StepCosts(**FIXED_COSTS) instead of measuring: `measure_step_costs`
+    replaced in every loaded speclab module that holds it (wherever a split puts it). Whether it could."""
+    import speclab.engine
+    import speclab.serve  # noqa: F401  (load_engine's module, and what it imports)
+    mods = [m for n, m in sorted(sys.modules.items()) if n == "speclab" or n.startswith("speclab.")]
+    cls = next((m.StepCosts for m in mods if isinstance(getattr(m, "StepCosts", None), type)), None)
+    if cls is None:
+        return False
+
+    def measure_step_costs(*args, **kwargs):
+        fixed_calls[0] += 1
+        return cls(**FIXED_COSTS)
+    hits = [m for m in mods if callable(getattr(m, "measure_step_costs", None))]
+    for m in hits:
+        m.measure_step_costs = measure_step_costs
+    return bool(hits)
+
+
 # The engine: what a refactor may change.
-def build_engine() -> Any:
-    "A fresh engine on the shipped tiny pair with the draft-model drafter, as `speclab serve` builds it."
+def build_engine(drafting: str = "chain", fixed: bool = True) -> Any:
+    """A fresh engine on the shipped tiny pair drafting by DRAFTINGS[drafting], as `speclab serve` builds it; auto's
+    calibration fixed to FIXED_COSTS unless `fixed` is False."""
     from speclab.serve import load_engine
     from speclab.train import tiny_pair_path
-    return load_engine(tiny_pair_path("target"), tiny_pair_path("draft"), kappa=KAPPA, seed=0)
+    if drafting == "auto" and fixed and not fix_calibration():
+        raise SystemExit("found no StepCosts / measure_step_costs in speclab: run with --measured-calibration")
+    calls = fixed_calls[0]
+    engine = load_engine(tiny_pair_path("target"), tiny_pair_path("draft"), seed=0, **DRAFTINGS[drafting])
+    if drafting == "auto" and fixed and fixed_calls[0] == calls:
+        raise SystemExit("load_engine did not call measure_step_costs: run with --measured-calibration")
+    return engine
 
 
 def request_params() -> Any:
-    "The request's sampling parameters: greedy, MAX_TOKENS new tokens."
-    from speclab.request import SamplingParams
+    "The request's sampling parameters: greedy, MAX_TOKENS new tokens (speclab.engine re-exports them after a split)."
+    from speclab.engine import SamplingParams
     return SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 
 
@@ -206,28 +245,31 @@ def walk_serve(engine: Any, prompt: str, counter: CrossingCounter | None) -> dic
 WALKS = {"engine": walk_engine, "serve": walk_serve}
 
 
-def measure(mode: str) -> dict:
-    "A fresh engine, one warm-up request (another prompt), then the counted request."
-    engine = build_engine()
+def measure(mode: str, drafting: str = "chain", fixed: bool = True) -> dict:
+    "A fresh engine drafting by `drafting`, one warm-up request (another prompt), then the counted request."
+    engine = build_engine(drafting, fixed)
     WALKS[mode](engine, WARM_PROMPT, None)
     counter = CrossingCounter(step_code=step_function(engine))
     served = WALKS[mode](engine, PROMPT, counter)
     m = getattr(engine, "metrics", None)
     spec = {k: round(getattr(m, k), 3) for k in ("acceptance_rate", "mean_acceptance_length") if hasattr(m, k)}
-    return {"mode": mode, **served, "spec_metrics_both_requests": spec, **summarize(counter)}
+    drafter = getattr(engine, "drafter", None)
+    return {"drafting": drafting, "mode": mode, "engine_args": DRAFTINGS[drafting],
+            "drafter": type(drafter).__name__ if drafter is not None else None, **served,
+            "spec_metrics_both_requests": spec, **summarize(counter)}
 
 
 def table(results: list[dict]) -> str:
     "The counts as plain text: one line per walk, then each walk's edges of a steady step."
-    out = [f"{'walk':<8}{'req cross':>10}{'req edges':>10}{'modules':>8}{'steps':>6}{'step cross':>11}"
-           f"{'step edges':>11}{'every step':>11}", "-" * 75]
+    out = [f"{'drafting':<9}{'walk':<8}{'req cross':>10}{'req edges':>10}{'modules':>8}{'steps':>6}"
+           f"{'step cross':>11}{'step edges':>11}{'every step':>11}", "-" * 84]
     for r in results:
         q, s = r["request"], r["steady_step"]
-        out.append(f"{r['mode']:<8}{q['crossings']:>10}{q['distinct']:>10}{len(q['modules']):>8}{r['steps']:>6}"
-                   f"{s['crossings_mean']:>11}{s['distinct_mean']:>11}{s['distinct_every_step']:>11}")
+        out.append(f"{r['drafting']:<9}{r['mode']:<8}{q['crossings']:>10}{q['distinct']:>10}{len(q['modules']):>8}"
+                   f"{r['steps']:>6}{s['crossings_mean']:>11}{s['distinct_mean']:>11}{s['distinct_every_step']:>11}")
     for r in results:
         short = [m.removeprefix(PREFIX + ".") for m in r["request"]["modules"]]
-        out += ["", f"{r['mode']}: {r['tokens']} tokens in {r['steps']} steps; modules per request: "
+        out += ["", f"{r['drafting']}, {r['mode']}: {r['tokens']} tokens in {r['steps']} steps; modules per request: "
                     f"{', '.join(short)}",
                 f"  crossings per step: {', '.join(str(x['crossings']) for x in r['per_step'])} (the first: prefill)",
                 "  edges of a steady step (mean calls per step):"]
@@ -241,16 +283,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
     "Walk the request in each mode and print the table (or one JSON object)."
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--modes", nargs="+", choices=list(WALKS), default=list(WALKS), help="the walks to run")
+    ap.add_argument("--drafting", nargs="+", choices=list(DRAFTINGS), default=list(DRAFTINGS),
+                    help="how the engine drafts: chain (kappa 3), tree (TREE), auto (--kappa auto); default all")
+    ap.add_argument("--measured-calibration", action="store_true", help="auto: calibrate this machine as `speclab "
+                    "serve` does (default: FIXED_COSTS, counts that repeat)")
     ap.add_argument("--speclab-commit", help="the commit of the speclab tree imported (recorded in the output)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)
     import torch
     import speclab
     torch.set_num_threads(1)
-    results = [measure(mode) for mode in a.modes]
+    results = [measure(mode, drafting, not a.measured_calibration) for drafting in a.drafting for mode in a.modes]
     meta = {"speclab": str(Path(speclab.__file__).parent), "speclab_commit": a.speclab_commit, "prompt": PROMPT,
-            "max_tokens": MAX_TOKENS, "kappa": KAPPA, "drafter": "draft model (tiny pair)", "greedy": True,
-            "warm_prompt": WARM_PROMPT, "python": sys.version.split()[0]}
+            "max_tokens": MAX_TOKENS, "draftings": {d: DRAFTINGS[d] for d in a.drafting},
+            "draft": "the shipped tiny pair's draft model", "greedy": True, "warm_prompt": WARM_PROMPT,
+            "python": sys.version.split()[0], "torch": torch.__version__,
+            "auto_costs": "measured" if a.measured_calibration else FIXED_COSTS}
     print(json.dumps({"meta": meta, "walks": results}, indent=1) if a.json else table(results))
     return results
 

@@ -1,19 +1,30 @@
 """Lines of speclab's serving path next to nano-vllm's, like for like: non-blank, non-comment lines,
-docstrings included, component by component.
+docstrings included, component by component, and the lines of each module of the engine.
 
-    git --git-dir=$(NANO_GIT) archive HEAD | tar -x -C /tmp/nano     # nano-vllm's snapshot, once
-    python benchmarks/engine_lines.py                                  # the table (nano-vllm read from /tmp/nano)
-    python benchmarks/engine_lines.py --nano /path/to/nano-vllm --nano-commit SHA --json > engine_lines.json
-    python benchmarks/engine_lines.py --root /tmp/speclab_at_sha --speclab-commit SHA   # another speclab tree
+    git clone https://github.com/GeeeekExplorer/nano-vllm /tmp/nano-git && git -C /tmp/nano-git archive bb823b3 \
+        | (mkdir -p /tmp/nano && tar -x -C /tmp/nano)                  # nano-vllm's snapshot, once
+    python benchmarks/engine/engine_lines.py                           # the table (nano-vllm read from /tmp/nano)
+    python benchmarks/engine/engine_lines.py --nano-commit bb823b3 --json > benchmarks/engine/engine_lines_after.json
+    python benchmarks/engine/engine_lines.py --root /tmp/speclab_at_sha --speclab-commit SHA   # another speclab tree
+    python benchmarks/engine/engine_lines.py --modules request.py,scheduler.py,runner.py,engine.py   # name them
 
 Both sides count the whole serving path: engine, KV bookkeeping, model forward, sampler and weight loading.
 nano-vllm: its engine/, layers/, models/, utils/ (the forward's context and the weight loader), config.py,
-sampling_params.py and llm.py: every file of its package but `__init__.py`. speclab: all of the engine's files
-(ENGINE_FILES), and from the other modules the top-level definitions the engine runs, selected with `ast`: the
+sampling_params.py and llm.py: every file of its package but `__init__.py`. speclab: all of the engine's modules,
+counted whole, and from the other modules the top-level definitions the engine runs, selected with `ast`: the
 ROWS below name the roots, and every top-level name of the same module that a selected definition mentions is
 selected too (its closure), so a helper split out by a refactor is still counted. A name counted in one row is not
 counted again in a later one. The JSON lists every name counted, the roots a refactor moved away (`missing_names`)
 and the speclab names a counted definition uses that no row counts (`referenced_not_counted`).
+
+The engine's modules, by default (`engine_modules`): `speclab/engine.py` and every speclab module it imports,
+directly or through another engine module, that is exported from the engine's chapter (the notebook named in
+engine.py's "File to edit" header, by chapter number: 08, 08a, 08_scheduler ... alike) or is named in ENGINE_PATH
+(request, processors, config, drafters, scheduler, runner, policy); plus any ENGINE_PATH module of the engine's
+chapter that nothing imports. One file before the engine is split into one module per concern, all of them after.
+Chapter 14's tree drafters (`speclab/trees.py`) are not counted, before or after: the engine does not import them.
+The tree walk the runner calls (ENGINE_MOVED) is counted in the engine row wherever it is defined: in engine.py
+before the split, in `tree_verify.py` (Chapter 14b) after, so that the row compares like with like.
 
 Symmetry: weight loading is counted on both sides (nano's `utils/loader.py`, speclab's `load_model` and what it
 calls); tokenizer loading on neither (nano's is one `AutoTokenizer` line inside its engine, counted there; speclab's
@@ -25,12 +36,16 @@ like-for-like figure.
 import argparse
 import ast
 import json
+import re
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]     # benchmarks/engine/ -> the checkout
 NANO = Path("/tmp/nano")                       # `git archive` of github.com/GeeeekExplorer/nano-vllm
-ENGINE_FILES = ("engine.py",)                  # counted whole; add the modules a refactor splits the engine into
+ENGINE_FILES = ("engine.py",)                  # the engine before its split into one module per concern
+ENGINE_PATH = ("request", "processors", "config", "drafters", "scheduler", "runner", "policy", "engine")
+ENGINE_MOVED = ("fed_parents", "tree_node_probs", "root_paths", "walk_tree", "walk_trees")   # the tree walk the runner
+# calls: in engine.py before the split, in Chapter 14b's tree_verify.py after; counted in the engine row either way
 KV_PRODUCTION = ("Request", "Step", "_check_tokens", "ROOT_HASH", "block_hash", "hash_chain", "FreeBlockQueue",
                  "BlockManager", "PagedKV", "FREED")     # kv.py without Chapter 6's teaching code (until kvlab.py)
 MODEL_FORWARD = ("LlamaArgs", "Llama", "decoder_layer", "paged_batch", "paged_cache", "paged_attend", "paged_logits",
@@ -116,6 +131,57 @@ def definitions_lines(path: Path, names: list[str] | tuple[str, ...]) -> int:
     return total
 
 
+def imported_modules(path: Path, pkg: Path) -> list[str]:
+    """The files of `pkg` a module imports (top level or inside functions), in any form: `from .x import a`,
+    `from speclab.x import a`, `from . import x`, `from speclab import x`, `import speclab.x`."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and (node.level == 1 or (node.module or "").startswith(pkg.name)):
+            module = node.module if node.level == 1 else (node.module or "").removeprefix(pkg.name).lstrip(".")
+            names = [module.split(".")[0]] if module else [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name.split(".")[1] for a in node.names if a.name.startswith(pkg.name + ".")]
+        out += [f"{n}.py" for n in names if (pkg / f"{n}.py").is_file() and f"{n}.py" not in out]
+    return out
+
+
+def chapter(path: Path) -> str | None:
+    "The chapter number of the notebook a module is exported from (nbdev's 'File to edit' header), e.g. '08'."
+    m = re.search(r"File to edit: \S*?nbs/(\d+)", "\n".join(path.read_text().splitlines()[:6]))
+    return m.group(1) if m else None
+
+
+def engine_modules(pkg: Path) -> list[str]:
+    """The engine's modules: engine.py and the speclab modules it imports, transitively through engine modules, that
+    come from the engine's chapter or are named in ENGINE_PATH; then ENGINE_PATH modules of that chapter nothing
+    imports. In data-flow order (ENGINE_PATH's), any other after them by name."""
+    start = pkg / "engine.py"
+    if not start.is_file():
+        raise SystemExit(f"{start} not found: name the engine's modules with --modules")
+    home = chapter(start)
+
+    def of_engine(file: str) -> bool:
+        return file[:-3] in ENGINE_PATH or (home is not None and chapter(pkg / file) == home)
+
+    found, todo = ["engine.py"], ["engine.py"]
+    while todo:
+        for file in imported_modules(pkg / todo.pop(), pkg):
+            if file not in found and of_engine(file):
+                found.append(file)
+                todo.append(file)
+    found += [f"{n}.py" for n in ENGINE_PATH if (pkg / f"{n}.py").is_file() and f"{n}.py" not in found
+              and (home is None or chapter(pkg / f"{n}.py") == home)]
+    order = {f"{n}.py": i for i, n in enumerate(ENGINE_PATH)}
+    return sorted(found, key=lambda f: (order.get(f, len(order) - 0.5), f))
+
+
+def module_lines(pkg: Path, files: list[str]) -> list[dict]:
+    "Each engine module's code lines (non-blank, non-comment, docstrings included) and physical lines."
+    return [{"module": f, "lines": file_lines(pkg / f), "physical": len((pkg / f).read_text().splitlines())}
+            for f in files]
+
+
 def speclab_imports(path: Path) -> dict[str, str]:
     "Names a module imports from other speclab modules (top level or inside functions) -> that module's file name."
     out = {}
@@ -128,14 +194,20 @@ def speclab_imports(path: Path) -> dict[str, str]:
     return out
 
 
-def rows_spec(pkg: Path) -> list[dict]:
+def moved_parts(pkg: Path, engine_files: list[str] | tuple[str, ...]) -> list[tuple[str, tuple, bool]]:
+    "The engine row's parts outside the engine's modules: each other module defining ENGINE_MOVED names, those names."
+    return [(p.name, ENGINE_MOVED, True) for p in sorted(pkg.glob("*.py"))
+            if p.name not in engine_files and set(top_level(p)) & set(ENGINE_MOVED)]
+
+
+def rows_spec(pkg: Path, engine_files: list[str] | tuple[str, ...] = ENGINE_FILES) -> list[dict]:
     "speclab's rows: component, parts (file, roots or None for the whole file, follow) and nano's counterpart."
     kv = ("kvlab.py exists: all of kv.py", [("kv.py", None, True)])
     if not (pkg / "kvlab.py").exists():
         kv = ("kv.py's production names", [("kv.py", KV_PRODUCTION, True)])
     return [
         dict(component="engine", note="requests, params, scheduler, runner, drafters, engine loop",
-             parts=[(f, None, True) for f in ENGINE_FILES], nano=NANO_ENGINE),
+             parts=[(f, None, True) for f in engine_files] + moved_parts(pkg, engine_files), nano=NANO_ENGINE),
         dict(component="kv bookkeeping", note=kv[0], parts=kv[1], nano=("engine/block_manager.py",)),
         dict(component="model forward", note="paged Llama forward; nano: Qwen3, layers, context",
              parts=[("model.py", MODEL_FORWARD, True), ("roofline.py", MODEL_SHAPE, False)], nano=NANO_MODEL),
@@ -152,10 +224,11 @@ def rows_spec(pkg: Path) -> list[dict]:
     ]
 
 
-def count_speclab(pkg: Path) -> tuple[list[dict], dict[str, set[str]], list[str]]:
+def count_speclab(pkg: Path, engine_files: list[str] | tuple[str, ...] = ENGINE_FILES
+                  ) -> tuple[list[dict], dict[str, set[str]], list[str]]:
     "Each row's lines and names; the names counted per file; the roots not found in their file."
     rows, counted, missing = [], {}, []
-    for spec in rows_spec(pkg):
+    for spec in rows_spec(pkg, engine_files):
         lines, names = 0, {}
         for file, roots, follow in spec["parts"]:
             path = pkg / file
@@ -175,18 +248,19 @@ def count_speclab(pkg: Path) -> tuple[list[dict], dict[str, set[str]], list[str]
     return rows, counted, missing
 
 
-def referenced_not_counted(pkg: Path, counted: dict[str, set[str]]) -> list[str]:
+def referenced_not_counted(pkg: Path, counted: dict[str, set[str]],
+                           engine_files: list[str] | tuple[str, ...] = ENGINE_FILES) -> list[str]:
     "speclab names that a counted definition mentions, imported from a module where no row counts them."
     out = set()
     for file, names in counted.items():
         path = pkg / file
         defs, imports = top_level(path), speclab_imports(path)
         used = set().union(*(mentioned(defs[n]) for n in names if n in defs))
-        if file in ENGINE_FILES:                    # counted whole: its imports at any depth count as used
+        if file in engine_files:                    # counted whole: its imports at any depth count as used
             used |= set(imports)
         for name in sorted(used & set(imports)):
             source = imports[name]
-            if name not in counted.get(source, set()) and source not in ENGINE_FILES:
+            if name not in counted.get(source, set()) and source not in engine_files:
                 out.add(f"{file} uses {source}:{name}")
     return sorted(out)
 
@@ -226,7 +300,15 @@ def totals(rows: list[dict]) -> dict:
 
 def table(res: dict) -> str:
     "The rows and totals as a plain-text table, with what each side has that the other lacks."
-    out = [f"{'component':<16}{'speclab':>8}{'nano':>7}  what", "-" * 78]
+    out = [f"engine modules ({res['engine_modules_from']}):",
+           f"  {'module':<18}{'lines':>7}{'physical':>10}"]
+    out += [f"  {m['module']:<18}{m['lines']:>7}{m['physical']:>10}" for m in res["engine_modules"]]
+    out += [f"  {'total':<18}{sum(m['lines'] for m in res['engine_modules']):>7}"
+            f"{sum(m['physical'] for m in res['engine_modules']):>10}"]
+    out += [f"  and in the engine row, from {m['module']}: {', '.join(m['names'])} ({m['lines']} lines)"
+            for m in res.get("engine_row_elsewhere", [])]
+    out += [""]
+    out += [f"{'component':<16}{'speclab':>8}{'nano':>7}  what", "-" * 78]
     for r in res["rows"]:
         nano = "-" if r.get("nano") is None else r["nano"]
         out.append(f"{r['component']:<16}{r['speclab']:>8}{nano:>7}  {r['note']}")
@@ -252,12 +334,27 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--nano-commit", help="the commit the archive was made from (recorded in the output)")
     ap.add_argument("--root", type=Path, default=ROOT, help="the speclab tree to count (default this checkout)")
     ap.add_argument("--speclab-commit", help="that tree's commit, when it is an archive (recorded in the output)")
+    ap.add_argument("--modules", help="the engine's modules, comma-separated file names of speclab/ (default: "
+                    "engine.py and the engine-path modules it imports, see engine_modules)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)
     pkg = a.root / "speclab"
-    rows, counted, missing = count_speclab(pkg)
-    res = {"speclab_commit": git_commit(a.root, a.speclab_commit), "rows": rows, "missing_names": missing,
-           "referenced_not_counted": referenced_not_counted(pkg, counted), "speclab_only": SPECLAB_ONLY,
+    if a.modules:
+        files = [f.strip() if f.strip().endswith(".py") else f.strip() + ".py" for f in a.modules.split(",")
+                 if f.strip()]
+        absent = [f for f in files if not (pkg / f).is_file()]
+        if not files or absent:
+            ap.error(f"--modules must name files of {pkg}, comma-separated (not found: {', '.join(absent)})")
+        source = "--modules"
+    else:
+        files, source = engine_modules(pkg), "default: engine.py and the engine-path modules it imports"
+    rows, counted, missing = count_speclab(pkg, files)
+    elsewhere = [{"module": f, "names": names, "lines": definitions_lines(pkg / f, names)}
+                 for f, names in rows[0]["names"].items() if f not in files and names]
+    res = {"speclab_commit": git_commit(a.root, a.speclab_commit), "engine_modules_from": source,
+           "engine_modules": module_lines(pkg, files), "engine_row_elsewhere": elsewhere, "rows": rows,
+           "missing_names": missing,
+           "referenced_not_counted": referenced_not_counted(pkg, counted, files), "speclab_only": SPECLAB_ONLY,
            "nano_only": NANO_ONLY}
     nano_pkg = a.nano / "nanovllm"
     if nano_pkg.is_dir():
