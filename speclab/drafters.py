@@ -143,8 +143,8 @@ class ChainDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, plan: "StepPlan") -> Proposal:
-        """Per request: up to kappa drafts (fewer where the stopping rule stops it), their q rows ([drafts, V], request by
-        request), and the draft positions cached now."""
+        """Per request: up to kappa drafts (fewer where the stopping rule stops it), their q rows ([drafts, V],
+        request by request), and the draft positions cached now."""
         batch = plan.requests
         computed, state, kappas = self.start(plan)
         K = max(kappas, default=0)

@@ -204,12 +204,16 @@ def fit_step_costs(steps: Sequence[StepTime]) -> StepCosts:
     return StepCosts(*map(float, theta))
 
 def measure_step_costs(target: Llama, drafter: Drafter | None, kappa_max: int, batch_sizes: Sequence[int] = (1, 4, 16),
-                       steps: int = 12, prompt_len: int = 16, seed: int = 0, fastest: int | None = None) -> StepCosts:
+                       steps: int | None = None, prompt_len: int = 16, seed: int = 0,
+                       fastest: int | None = None) -> StepCosts:
     """This machine's StepCosts, measured through a throwaway engine's own steps (host work included): for each batch
-    size and kappa in (0, 1, kappa_max), `steps` timed decode steps; the `fastest` of each cell (default: the fastest
-    half) are fitted (`fit_step_costs`). The fastest, because a busy machine only ever adds time; half, because the
-    one fastest step is the luckiest, and its luck differs from cell to cell. Build the serving engine after this: the
-    drafter binds to that engine's pool."""
+    size and kappa in (0, 1, kappa_max), `steps` timed decode steps (default 12, fewer where the target's context is
+    short, at least 2); the `fastest` of each cell (default: the fastest half) are fitted (`fit_step_costs`). The
+    fastest, because a busy machine only ever adds time; half, because the one fastest step is the luckiest, and its
+    luck differs from cell to cell. Build the serving engine after this: the drafter binds to that engine's pool."""
+    context = target.args.max_position_embeddings or math.inf
+    if steps is None:                                # what fits a prompt of one token, kappa_max + 1 tokens a step
+        steps = max(2, min(12, (int(min(context, 2 ** 20)) - 1) // (kappa_max + 1) - 2))
     fastest = max(1, steps // 2) if fastest is None else fastest
     check_engine_args(steps=steps, prompt_len=prompt_len, fastest=fastest,
                       **{f"batch_size {b!r}": b for b in batch_sizes})
@@ -219,14 +223,13 @@ def measure_step_costs(target: Llama, drafter: Drafter | None, kappa_max: int, b
         raise ValueError(f"kappa_max must be an int >= 0, got {kappa_max!r}")
     kappas = sorted({0, 1, kappa_max}) if drafter is not None else [0]
     new_tokens = (steps + 2) * (kappa_max + 1)
-    context = target.args.max_position_embeddings or math.inf
     prompt_len = min(prompt_len, int(min(context, 2 ** 20)) - new_tokens)
     if prompt_len < 1:
         raise ValueError(f"the target's context ({context}) cannot hold a calibration request of {steps} steps at "
                          f"kappa {kappa_max}: pass fewer steps (calibration=dict(steps=...)) or a lower kappa_max")
     B, bs = max(batch_sizes), 16
     config = EngineConfig(kappa=kappa_max, seed=seed, max_num_seqs=B, block_size=bs, enable_prefix_caching=False,
-                          num_blocks=B * -(-(prompt_len + new_tokens) // bs),
+                          num_blocks=B * -(-(prompt_len + new_tokens + kappa_max + 1) // bs),
                           max_num_batched_tokens=B * (prompt_len + new_tokens))
     eng = SpecDecoder(target, drafter, config=config)
     cells = []
