@@ -146,7 +146,7 @@ def _check_record(m, r, by_id, bad):
         if (r.token_ids, r.block_hashes) != (t, chain):
             bad.append(f"{r.req_id!r}: its tokens or hash chain are not those of its finalized tokens")
 
-# %% ../nbs/06b_kvlab.ipynb #adfdf9ae
+# %% ../nbs/06b_kvlab.ipynb #6b8733b8
 def _check_blocks(m, by_id, bad):
     "Invariants 1 and 2 (and each record's 3 and 7): the free queue, the counts, the owners; returns the owners."
     queued = list(m.free_queue)
@@ -191,7 +191,7 @@ def _check_reads(m, kv, by_id, bad):
             if not _same_kv(got, want):
                 bad.append(f"stale read: {r.req_id!r} reads K/V of other tokens")
 
-# %% ../nbs/06b_kvlab.ipynb #2fe2317b
+# %% ../nbs/06b_kvlab.ipynb #dafc9a1e
 def _check_cache(m, kv, seqs, bad):
     "Invariant 5: every prefix-cache key is a full block of finalized tokens, and its block holds their K/V."
     known = _chain_index(m, seqs) if seqs else {}
@@ -269,7 +269,7 @@ def random_ops(steps: int, seed: int = 0, max_requests: int = 3, vocab: int = 6)
     return ops
 
 
-# %% ../nbs/06b_kvlab.ipynb #81102594
+# %% ../nbs/06b_kvlab.ipynb #db58f82a
 def _refused(m, call, expected) -> list[str]:
     "The violations of a call that must be refused with a message containing `expected`, changing nothing."
     before = manager_state(m)
@@ -309,7 +309,7 @@ def _commit(m, kv, history, rid, step, drafts, num_accepted, next_token) -> list
     return [] if m.free_blocks >= free else [f"commit took {free - m.free_blocks} blocks"]
 
 
-# %% ../nbs/06b_kvlab.ipynb #6c99d034
+# %% ../nbs/06b_kvlab.ipynb #52193427
 def _play(manager, ops, num_blocks=12, block_size=4, sliding_window=None,
           enable_prefix_caching=True) -> tuple[int, list[str]]:
     "Index of the first operation after which an invariant fails, and the violations; (len(ops), []) if none."
