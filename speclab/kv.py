@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-from .proof import patch  # nbdev's @patch: a class built over several cells (Chapter 1)
+from .patching import patch  # nbdev's @patch: a class built over several cells
 from .sampling import _is_int  # an int that is not a bool: one home, Chapter 3
 
 # %% ../nbs/06_kv.ipynb #328041e2

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .kv import FREED, PagedKV
-from .proof import patch  # nbdev's @patch: a class built over several cells (Chapter 1)
+from .patching import patch  # nbdev's @patch: a class built over several cells
 from .roofline import ModelSpec
 from .sampling import _is_int, sampling_probs  # _is_int: an int that is not a bool, one home (Chapter 3)
 from .sampling import _ancestors, _check_parents, _depths  # token trees: Chapter 3's ancestor mask
@@ -345,7 +345,7 @@ class PagedBatch:
         return len(self.token_ids)
 
 
-# %% ../nbs/07_model.ipynb #6da96e28
+# %% ../nbs/07_model.ipynb #d48d75dd
 def _check_paged_batch(blocks, starts, block_tables, block_size, sliding_window):
     "Types and lengths of paged_batch's arguments, O(1) per request: no walk over tokens or block ids."
     if not _is_int(block_size) or block_size < 1:
@@ -386,7 +386,7 @@ def _check_tree_parents(tree_parents, blocks):
                              f"got {len(parents)}")
 
 
-# %% ../nbs/07_model.ipynb #54cdf5a9
+# %% ../nbs/07_model.ipynb #e3db6d64
 def _tree_rows(parents, depths, start, first_key, L, T, sliding_window):
     """Request b's [T, L] mask when it feeds a tree: every node sees the context before `start` (its window's part)
     and, among the fed keys, its ancestors and itself; padding rows repeat the last node's row."""
@@ -420,7 +420,7 @@ def _first_bad(lists, ok):
     return next((b for b, xs in enumerate(lists) if not all(ok(x) for x in xs)), 0)
 
 
-# %% ../nbs/07_model.ipynb #6a66b59d
+# %% ../nbs/07_model.ipynb #13ff5043
 def _touched_blocks(starts, ends, first_keys, block_tables, block_size, sliding_window):
     "The largest block id the step reads or writes; an error if one of them was freed (a slice scan per request)."
     max_block = 0
@@ -457,7 +457,7 @@ def _group(n, query_lens, first_rows, ends, first_keys, key_slots, mask, device)
     return rows, key_slots[index, :max(widths)].to(device), group_mask
 
 
-# %% ../nbs/07_model.ipynb #72377eb1
+# %% ../nbs/07_model.ipynb #625bda21
 def _token_rows(blocks, starts, ends, block_tables, block_size, slot_mapping, trees, depths, check):
     "Per token, on the host: its id, its position and its slot, then one [3, N] tensor for the three."
     N = sum(len(block) for block in blocks)
@@ -506,7 +506,7 @@ def _keys_and_mask(table, starts, ends, first_keys, query_lens, block_size, slid
     return key_slots, mask, per_request, first_rows
 
 
-# %% ../nbs/07_model.ipynb #553d2427
+# %% ../nbs/07_model.ipynb #9f7439df
 def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[list[int]], block_size: int,
                 device: str | torch.device = "cpu", sliding_window: int | None = None,
                 slot_mapping: list[int] | None = None, check: bool = True,
@@ -604,7 +604,7 @@ def paged_attend(kv: PagedKV, batch: PagedBatch) -> Attend:
     return attend
 
 
-# %% ../nbs/07_model.ipynb #20dd39b3
+# %% ../nbs/07_model.ipynb #f57f3598
 def _check_paged_forward(model, cache, batch, logits_indices):
     "Everything forward_paged can check before it writes: model, cache and batch agree, the indices are rows."
     args = model.args
@@ -640,7 +640,7 @@ def _check_paged_forward(model, cache, batch, logits_indices):
         raise ValueError(f"logits_indices must lie in [0, {batch.num_tokens}), the batch's flat rows")
 
 
-# %% ../nbs/07_model.ipynb #880ab43f
+# %% ../nbs/07_model.ipynb #16b062b6
 def paged_logits(model: Llama, cache: list[PagedKV], batch: PagedBatch,
                  logits_indices: torch.Tensor | None = None) -> torch.Tensor:
     "forward_paged's arithmetic, unchecked: it reads only the batch's tensors, so torch.compile can capture it whole."
@@ -741,7 +741,7 @@ def load_model(folder: str | os.PathLike, dtype: torch.dtype = torch.float32,
     return model.to(device).eval()
 
 
-# %% ../nbs/07_model.ipynb #1774b074
+# %% ../nbs/07_model.ipynb #2b289687
 FAST_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")  # two names of one class in transformers 5
 
 def _json_field(path, name):
@@ -843,7 +843,7 @@ class Detokenizer:
         text = self.slice(0, self.size()) if self.override is None else self.override
         return text if self.cut is None else text[:self.cut]
 
-# %% ../nbs/07_model.ipynb #b6f86b29
+# %% ../nbs/07_model.ipynb #74322c98
 @patch
 def push(self: Detokenizer, token_id: int) -> bool:
     "Append one token; True once a stop string is in the text (the ids so far, skip_ids dropped, decoded)."
@@ -896,7 +896,7 @@ def reread(self: Detokenizer) -> bool:
         self.confirm(len(self.ids))
     return self.find_stop(0)
 
-# %% ../nbs/07_model.ipynb #4d8fccd4
+# %% ../nbs/07_model.ipynb #4f8100ab
 @patch
 def find_stop(self: Detokenizer, start: int) -> bool:
     "Look for the stop strings in the text from start on; cut the text before the first one found."
@@ -921,7 +921,7 @@ def size(self: Detokenizer) -> int:
     "The number of characters of text so far (before a cut)."
     return len(self.override) if self.override is not None else self.length + len(self.pending)
 
-# %% ../nbs/07_model.ipynb #dcccde30
+# %% ../nbs/07_model.ipynb #b61c9bff
 @patch
 def visible_end(self: Detokenizer) -> int:
     "Where the streamable prefix of text ends: before an incomplete character and before a possible stop start."

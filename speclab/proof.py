@@ -19,7 +19,6 @@ from collections import defaultdict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-import inspect
 
 import numpy as np
 import numpy.typing as npt
@@ -540,15 +539,3 @@ def format_proof_report(checks: Sequence[tuple[bool, ExactnessReport]]) -> tuple
             verdict = "BIASED (caught, as it should be)"
         lines.append(f"{r.checked:<62} {r.statistic:>9.2f} {r.df:>3} {r.p_value:>9.3g}  {verdict}")
     return "\n".join(lines), ok
-
-# %% ../nbs/01_proof.ipynb #84bfc381
-def patch(f: Callable) -> Callable | None:
-    """Add `f` to the class its first argument is annotated with (`self: Cls`), under `f`'s own name: nbdev's
-    `@patch` idiom without fastcore. Returns what the name held before in `f`'s module, so that a module-level
-    function of the same name is not replaced by the method."""
-    owner = f.__annotations__[next(iter(inspect.signature(f).parameters))]
-    if isinstance(owner, str):
-        owner = eval(owner, f.__globals__)
-    f.__qualname__ = f"{owner.__name__}.{f.__name__}"
-    setattr(owner, f.__name__, f)
-    return f.__globals__.get(f.__name__)

@@ -93,7 +93,8 @@ NOTEBOOK_GROUPS = (
     ("nbs/03_sampling.ipynb", "nbs/09_acceptance.ipynb", "nbs/01_proof.ipynb", "nbs/14_trees.ipynb"),
     ("nbs/10_grading.ipynb", "nbs/07_model.ipynb", "nbs/index.ipynb", "nbs/12_eagle.ipynb"),
     ("nbs/11_serve.ipynb", "nbs/95_testing.ipynb", "nbs/06_kv.ipynb", "nbs/06b_kvlab.ipynb", "nbs/02_roofline.ipynb",
-     "nbs/09d_remote.ipynb", "nbs/05_metadata.ipynb", "nbs/13_audit.ipynb", "nbs/09b_vllm_io.ipynb"),
+     "nbs/09d_remote.ipynb", "nbs/05_metadata.ipynb", "nbs/13_audit.ipynb", "nbs/09b_vllm_io.ipynb",
+     "nbs/00_patching.ipynb"),
 )
 GROUP_OF = {Path(nb): group for group in NOTEBOOK_GROUPS for nb in group}
 RUN_GROUP = """
