@@ -372,7 +372,7 @@ def _killed_for_memory() -> str:
     return (f"was killed by the kernel's out-of-memory killer: it outgrew the grading machine's memory limit{shown} "
             "(on Gradescope, the autograder's memory setting)")
 
-# %% ../nbs/10_grading.ipynb #a657479e
+# %% ../nbs/10_grading.ipynb #febb1ef1
 class GradingError(Exception):
     "The student's process did not answer: it ran out of time, or it ended."
 
