@@ -69,7 +69,7 @@ def _rate_list(value: str) -> list:
         raise ValueError(f"per-position acceptance rates must lie in [0, 1], got {bad[0]}")
     return rates
 
-# %% ../nbs/09b_vllm_io.ipynb #9b0b135a
+# %% ../nbs/09b_vllm_io.ipynb #1c9eaca1
 def _split_fields(body: str) -> dict:
     "The `Key: value` fields of a metrics message, by their names in `_FIELDS` (unknown keys are skipped)."
     keys = list(_KEY.finditer(body))
@@ -180,7 +180,7 @@ def _num_drafts(accepted: int, drafted: int, mean_len, rates: list) -> tuple:
     target = accepted / (mean_len - 1) if mean_len > 1 else float(high)
     return int(ns[np.argmin(np.abs(ns - target))]), False
 
-# %% ../nbs/09b_vllm_io.ipynb #8348ab0f
+# %% ../nbs/09b_vllm_io.ipynb #7b1717e3
 def _per_pos_counts(n: int, accepted: int, rates: list) -> tuple:
     """(accepted_per_pos, exact): round(rate_i * n) per position, and whether the printed rates pin these counts.
 
@@ -209,7 +209,7 @@ def _hist(K: int, n: int, per_pos: list, accepted: int) -> dict:
         return {}
     return {K: diffs}
 
-# %% ../nbs/09b_vllm_io.ipynb #ab6dc672
+# %% ../nbs/09b_vllm_io.ipynb #b49f501e
 def _metrics_v0(f: dict) -> SpecMetrics:
     "A V0 line: cumulative counts, every draft of length k; no per-position counts, so no hist."
     k = f.get("k")
@@ -425,7 +425,7 @@ def _scan(text: str) -> tuple:
     return totals, per_pos, outcomes, kappa_buckets, seen
 
 
-# %% ../nbs/09b_vllm_io.ipynb #385fedbc
+# %% ../nbs/09b_vllm_io.ipynb #04882e26
 def parse_prometheus(text: str) -> SpecMetrics:
     """vLLM's `/metrics` text -> the cumulative `SpecMetrics` since the server started (`metrics_delta` for a window).
 
