@@ -154,6 +154,7 @@ def pilot_bins(pilot: Sequence[str], n: int, min_count: int = MIN_COUNT, max_bin
     sizes = Counter(bins[o] for o in pilot)
     return sorted(sizes, key=lambda k: (-sizes[k], k))
 
+# %% ../nbs/13_audit.ipynb #a5529419
 @dataclass
 class TestResult:
     "One test of the audit: what it compared, its statistic and p-value, and the table behind them."
@@ -189,6 +190,7 @@ def _chi_square(rows: list) -> tuple[float, float, int, list]:
     statistic = float(((obs - expected) ** 2 / expected).sum())
     return statistic, float(stats.chi2.sf(statistic, len(rows) - 1)), len(rows) - 1, rows
 
+# %% ../nbs/13_audit.ipynb #a6745c03
 def repeat_count(units: Sequence[Any], window: int = REPEAT_WINDOW) -> int:
     "How many units (tokens, or words) equal one of the `window` units just before them."
     return sum(u in units[max(0, i - window):i] for i, u in enumerate(units))
@@ -224,6 +226,7 @@ def count_test(a: Sequence[int], b: Sequence[int], min_count: int = MIN_COUNT, m
     ca, cb = Counter(map(bin_of, a)), Counter(map(bin_of, b))
     return _chi_square([(k, ca[k], cb[k]) for k in label])
 
+# %% ../nbs/13_audit.ipynb #bcdf4ab0
 def duplicate_pairs(outcomes: Sequence[str]) -> tuple[int, int]:
     "(identical pairs, pairs) over disjoint consecutive pairs (0-1, 2-3, ...): i.i.d. draws repeat w.p. sum p^2."
     pairs = len(outcomes) // 2
@@ -429,6 +432,7 @@ class Sender:
             raise Crashed(f"no answer after {self.retries} retries ({last})")
         raise AuditError(f"{url} did not answer after {self.retries} retries ({last})")
 
+# %% ../nbs/13_audit.ipynb #e9c2ae1b
 def _error(r: httpx.Response) -> dict:
     try:
         e = r.json().get("error", {})
@@ -553,6 +557,7 @@ async def probe(client: httpx.AsyncClient, urls: dict, model: str, sender: Sende
             except Crashed as e:
                 await _crashed(client, urls, col, server, (name,), e, sender)
 
+# %% ../nbs/13_audit.ipynb #3cc593b3
 async def _jobs(jobs: list, urls: dict, limit: int, client: httpx.AsyncClient, sender: Sender,
                 progress: Any, col: Collected | None = None) -> None:
     "Run (server, body, store) jobs, at most `limit` in flight per server; store(text) files each answer."
@@ -580,6 +585,7 @@ async def _jobs(jobs: list, urls: dict, limit: int, client: httpx.AsyncClient, s
         for t in tasks:
             t.cancel()
 
+# %% ../nbs/13_audit.ipynb #87178d40
 def _setter(target: dict | list, key: Any) -> Callable[[str], None]:
     def store(text: str) -> None:
         target[key] = text
@@ -603,6 +609,7 @@ async def _pilot(urls: dict, plan: AuditPlan, model: str, client: httpx.AsyncCli
     await _jobs(jobs, urls, plan.concurrency, client, sender, progress, col)
     col.pilots = {k: [a for a in v if a is not None] for k, v in col.pilots.items()}
 
+# %% ../nbs/13_audit.ipynb #2db4c5d3
 async def collect(urls: dict, plan: AuditPlan, model: str | None, sender: Sender, col: Collected,
                   progress: Any, on_power: Callable[[list], None] | None = None) -> None:
     "Send the plan (probes and pilots first), filing every answer in `col` as it arrives."
@@ -702,6 +709,7 @@ def _cell_body_fields(cell: Cell, col: Collected) -> tuple:
     tokens = cell.check == "penalties" and "logprobs" not in col.refused
     return request_fields(cell_body(cell, "m", tokens))
 
+# %% ../nbs/13_audit.ipynb #265983ce
 def law_tests(plan: AuditPlan, col: Collected) -> list[TestResult]:
     "A pooled two-sample chi-square per planned cell; one that could not be computed or has no power is not tested."
     out, lv = [], plan.test_level
@@ -732,6 +740,7 @@ def _rate_result(check: str, name: str, x_a: int, n_a: int, x_b: int, n_b: int, 
     reason = _why(n_a, n_b, p_value, bound)
     return TestResult(check, name, diff, p_value, 1, (n_a, n_b), bound, rows, reason=reason)
 
+# %% ../nbs/13_audit.ipynb #5c181308
 def repeat_tests(plan: AuditPlan, col: Collected) -> list[TestResult]:
     "One test over the penalty cells: chi-squares of repeats per completion, summed (and their df) over the cells."
     parts, planned = [], [c for c in plan.cells if c.check == "penalties"]
@@ -773,6 +782,7 @@ def duplicate_tests(plan: AuditPlan, col: Collected) -> list[TestResult]:
                                 ("identical pairs", "different pairs"), two_sample_bound(n_a, n_b, 2, plan.test_level)))
     return out
 
+# %% ../nbs/13_audit.ipynb #4b286c7a
 def seed_tests(plan: AuditPlan, col: Collected) -> list[TestResult]:
     "Same seed twice -> same text (audited rate not below the reference's); two seeds -> not more often equal."
     if not plan.num_seeds or not plan.seed_prompts:
@@ -1051,6 +1061,7 @@ def _png(fig: Any) -> str:
 def _cells(row: Sequence[Any], tag: str = "td") -> str:
     return "<tr>" + "".join(f"<{tag}>{html.escape(str(v))}</{tag}>" for v in row) + "</tr>"
 
+# %% ../nbs/13_audit.ipynb #79ffb842
 def report_html(report: dict) -> str:
     "A self-contained HTML page (no scripts, no links out; the figure inline as a PNG) of an audit report."
     import matplotlib.pyplot as plt
@@ -1098,6 +1109,7 @@ def report_html(report: dict) -> str:
               "</body></html>"]
     return "\n".join(parts)
 
+# %% ../nbs/13_audit.ipynb #8ececb73
 def format_report(report: dict) -> str:
     "The report as text: one line per check (status, worst test, statistic, p-values, bias bound), notes, verdict."
     lines = [f"  {'check':<12} {'status':<13} {'tested':>8} {'p-value':>9} {'Holm p':>9} {'TV bound':>9}  worst test"]

@@ -175,6 +175,7 @@ def sampling_params(args: argparse.Namespace, **extra: Any) -> Any:  # a speclab
         field, _, rest = str(e).partition(" ")
         raise UsageError(f"speclab {args.command}: error: {FLAGS.get(field, field)} {rest}") from None
 
+# %% ../nbs/90_cli.ipynb #89a40929
 def load_decoder(target: str, draft: str | None = None, ngram: int | None = None, kappa: int | str = "auto",
                  dtype: str = "fp32", device: str = "cpu", backend: str = "torch", seed: int = 0,
                  prefix_caching: bool = True, *, kappa_max: int | None = None, min_confidence: float = 0.0,
@@ -199,6 +200,7 @@ def load_decoder(target: str, draft: str | None = None, ngram: int | None = None
                       enable_prefix_caching=prefix_caching, policy=policy)
     return eng, tok
 
+# %% ../nbs/90_cli.ipynb #d40dfb12
 def _metrics_json(m) -> dict:
     "vLLM's counters of a run, as plain numbers."
     return dict(num_drafts=m.num_drafts, num_draft_tokens=m.num_draft_tokens, num_accepted_tokens=m.num_accepted_tokens,
@@ -291,6 +293,7 @@ def speculative_config(text: str) -> dict:
         raise argparse.ArgumentTypeError(f"model must be a folder or a shipped name, got {config['model']!r}")
     return config
 
+# %% ../nbs/90_cli.ipynb #88d9ff14
 def _flag(name: str, config: bool) -> str:
     "How an error names a drafting choice: the config key, or the command-line flag."
     keys = {"draft": "model", "ngram": "prompt_lookup_max", "method": "method", "kappa": "num_speculative_tokens"}
@@ -339,6 +342,7 @@ def drafting(args: argparse.Namespace) -> tuple[str | None, int | None, int | No
              f"{_flag('draft', config is not None)}")
     return draft or "eagle", None, kappa
 
+# %% ../nbs/90_cli.ipynb #e8740966
 def _given(args: argparse.Namespace, num_spec: int) -> str:
     "How an error names the number of speculative tokens: the flag, or the config key."
     if getattr(args, "num_speculative_tokens", None) is not None:
@@ -370,6 +374,7 @@ def calibration_line(command: str, cal: Any) -> str:  # cal: a speclab.serve.Cal
     "What a command prints at start-up under `--kappa auto`: what it measured on this machine, in one line."
     return f"speclab {command}: {cal.describe()} (--kappa auto)"
 
+# %% ../nbs/90_cli.ipynb #23a2357d
 def tree_flag(key: str) -> str:
     "SGLang's command-line flag for a tree key: --speculative-eagle-topk, --speculative-num-steps, ..."
     return f"--speculative-{'eagle-' if key == 'topk' else ''}{key.replace('_', '-')}"
@@ -461,6 +466,7 @@ def demo_threads(cores: int, idle: float, most: int = 4) -> int:
     "Torch threads for a fair measurement: the idle cores, rounded, at least 1 and at most `most`."
     return max(1, min(most, cores, round(idle)))
 
+# %% ../nbs/90_cli.ipynb #27eb5cca
 def _stream(eng, tok, prompt, params):
     "Decode one prompt speculatively, printing the text as it is accepted (trailing blanks held back); its Output."
     shown, printed = [], 0
@@ -520,6 +526,7 @@ def training_minutes() -> float:
     log = json.loads((tiny_pair_path("target").parent / "train_log.json").read_text())
     return (log["target"][-1]["seconds"] + log["draft"][-1]["seconds"]) / 60
 
+# %% ../nbs/90_cli.ipynb #a08fda86
 def cmd_demo(args: argparse.Namespace) -> int:
     "The shipped pair: six functions completed with speculation (streamed), vLLM's metrics, a fair speed comparison."
     from speclab.sweep import torch_threads
@@ -571,6 +578,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("greedy outputs identical to plain decoding: " + ("yes" if same else "NO"))
     return 0 if same else 1
 
+# %% ../nbs/90_cli.ipynb #a8e3ec32
 def kappa_words(counts: Sequence[int]) -> str:
     "The kappas the policy planned, in words: how many request-steps planned each."
     steps = sum(counts)
@@ -620,6 +628,7 @@ def _print_rows(rows: list, print_output: bool) -> None:
             print(f"--- first request's output at batch {r['batch']}:\n{r['sample']}\n---")
     print("\n" + _sweep_table(rows))
 
+# %% ../nbs/90_cli.ipynb #c28ca46d
 def _sweep_server(args: argparse.Namespace) -> int:
     "`speclab sweep --url`: the sweep against running servers, counters scraped from /metrics (Chapter 9)."
     from speclab.remote import sweep_url
@@ -742,6 +751,7 @@ def serve_threads(cores: int) -> int:
     end's: its event loop parses, encodes and streams every token while the engine thread steps."""
     return max(1, cores - 1)
 
+# %% ../nbs/90_cli.ipynb #f650117a
 def cmd_serve(args: argparse.Namespace) -> int:
     "The engine behind an OpenAI-compatible API with vLLM's metrics (Chapter 11), until Ctrl-C."
     import torch
@@ -779,6 +789,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     with user_input("serve"):
         return run_server(eng, name, args.host, args.port)
 
+# %% ../nbs/90_cli.ipynb #d65f2be2
 def _add_serve(sub):
     sv = sub.add_parser("serve", help="an OpenAI-compatible server with vLLM's metrics on the engine (Chapter 11)")
     sv.add_argument("--target", default="tiny", help="checkpoint folder, or `tiny` for the shipped target (default)")
@@ -900,6 +911,7 @@ def _add_roofline(sub):
     roof.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     roof.set_defaults(func=cmd_roofline)
 
+# %% ../nbs/90_cli.ipynb #d44093a3
 def _add_generate(sub):
     gen = sub.add_parser("generate", help="speculative decoding on local Hugging Face checkpoints (Chapter 8)")
     gen.add_argument("--target", required=True,
@@ -928,6 +940,7 @@ def _add_demo(sub):
     demo.add_argument("--repeats", type=int, default=3, help="timed runs of each path per prompt (default 3)")
     demo.set_defaults(func=cmd_demo)
 
+# %% ../nbs/90_cli.ipynb #fd586ffd
 def _add_sweep(sub):
     sw = sub.add_parser("sweep", help="Lab 08: speculative vs plain decoding across batch sizes, and the crossing")
     sw.add_argument("--method", choices=["draft_model", "ngram", "eagle", "eagle3"], default="draft_model",

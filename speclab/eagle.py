@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from fastcore.basics import patch
+from .patching import patch
 
 from .drafters import ChainDrafter, check_confidence
 from .request import RequestState

@@ -18,7 +18,7 @@ from functools import partial
 from typing import Any
 
 import torch
-from fastcore.basics import patch
+from .patching import patch
 
 from .config import EngineConfig, block_bytes, check_drafting_rules, kv_bytes
 from .drafters import Drafter, Proposal, check_drafter

@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from .patching import patch  # nbdev's @patch: a class built over several cells
+
 # %% ../nbs/10_grading.ipynb #d3ab48af
 @dataclass(frozen=True)
 class TestCase:
@@ -240,6 +242,8 @@ def sandbox_problem() -> str | None:
         return f"unshare failed: {probe.stderr.strip() or probe.returncode}"
     return None
 
+
+# %% ../nbs/10_grading.ipynb #53e9f831
 def _keep_paths() -> list:
     "What the student's Python must read: the interpreter, the environment, its site-packages, the speclab package."
     import speclab
@@ -331,6 +335,8 @@ def _why(text: str, status: str) -> str:
         return f"it wrote nothing on stderr ({status})"
     return (lines[-1] if lines[0].startswith("Traceback") else lines[0])[:400]
 
+
+# %% ../nbs/10_grading.ipynb #4fd24f36
 def _memory_cgroup() -> tuple:
     "(events file, limit file) of this process's memory cgroup (v2 memory.events, v1 memory.oom_control), or ()."
     for line in Path("/proc/self/cgroup").read_text().splitlines():
@@ -366,6 +372,7 @@ def _killed_for_memory() -> str:
     return (f"was killed by the kernel's out-of-memory killer: it outgrew the grading machine's memory limit{shown} "
             "(on Gradescope, the autograder's memory setting)")
 
+# %% ../nbs/10_grading.ipynb #febb1ef1
 class GradingError(Exception):
     "The student's process did not answer: it ran out of time, or it ended."
 
@@ -412,70 +419,75 @@ class Sandbox:
             if isinstance(reply, dict) and reply.get("id") == self.next_id:
                 return reply
 
-    def _read_line(self, deadline: float):
-        "The next line the child wrote, parsed as JSON (None when it is not JSON)."
-        while b"\n" not in self.buffer:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise GradingError("ran past its time limit")
-            ready, _, _ = select.select([self.proc.stdout], [], [], left)
-            if not ready:
-                continue
-            chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
-            if not chunk and self.oom_kills is not None and (_oom_kills() or 0) > self.oom_kills:
-                raise GradingError(_killed_for_memory())
-            if not chunk:
-                raise GradingError("the notebook's process ended")
-            self.buffer += chunk
-            if len(self.buffer) > 64 << 20:
-                raise GradingError("the notebook's process wrote more than 64 MiB")
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        try:
-            return json.loads(line)
-        except (ValueError, RecursionError):                  # not JSON, or nested past the parser's depth
-            return None
-
-    def _stderr(self) -> str:
-        "The line of the sandbox's stderr that says why it failed (the student's own output never goes there)."
-        try:
-            self.proc.wait(timeout=5)                          # its stdout has ended: it is ending too
-        except subprocess.TimeoutExpired:
-            pass
-        text = b""
-        while len(text) < 1 << 16 and select.select([self.proc.stderr], [], [], 0.5)[0]:
-            chunk = os.read(self.proc.stderr.fileno(), 1 << 12)
-            if not chunk:
-                break
-            text += chunk
-        status = self.proc.poll()
-        return _why(text.decode(errors="replace"), "still running" if status is None else f"exit status {status}")
-
-    def close(self) -> None:
-        "Kill the student's process and everything it started."
-        if self.practice:
-            _killpg(self.proc.pid)                             # the session's process group
-        else:
-            for pid in _children(self.proc.pid):               # the namespace's init: its death ends all the rest
-                _kill(pid)
-            try:
-                self.proc.wait(timeout=5)                      # unshare reaps it and exits
-            except subprocess.TimeoutExpired:
-                pass
-        self.proc.kill()
-        self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            try:
-                stream.close()
-            except OSError:
-                pass
-        if self.workdir is not None:
-            self.workdir.cleanup()
-
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+# %% ../nbs/10_grading.ipynb #dd5bb81d
+@patch
+def _read_line(self: Sandbox, deadline: float):
+    "The next line the child wrote, parsed as JSON (None when it is not JSON)."
+    while b"\n" not in self.buffer:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise GradingError("ran past its time limit")
+        ready, _, _ = select.select([self.proc.stdout], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(self.proc.stdout.fileno(), 1 << 16)
+        if not chunk and self.oom_kills is not None and (_oom_kills() or 0) > self.oom_kills:
+            raise GradingError(_killed_for_memory())
+        if not chunk:
+            raise GradingError("the notebook's process ended")
+        self.buffer += chunk
+        if len(self.buffer) > 64 << 20:
+            raise GradingError("the notebook's process wrote more than 64 MiB")
+    line, self.buffer = self.buffer.split(b"\n", 1)
+    try:
+        return json.loads(line)
+    except (ValueError, RecursionError):                  # not JSON, or nested past the parser's depth
+        return None
+
+@patch
+def _stderr(self: Sandbox) -> str:
+    "The line of the sandbox's stderr that says why it failed (the student's own output never goes there)."
+    try:
+        self.proc.wait(timeout=5)                          # its stdout has ended: it is ending too
+    except subprocess.TimeoutExpired:
+        pass
+    text = b""
+    while len(text) < 1 << 16 and select.select([self.proc.stderr], [], [], 0.5)[0]:
+        chunk = os.read(self.proc.stderr.fileno(), 1 << 12)
+        if not chunk:
+            break
+        text += chunk
+    status = self.proc.poll()
+    return _why(text.decode(errors="replace"), "still running" if status is None else f"exit status {status}")
+
+# %% ../nbs/10_grading.ipynb #9f1fa64e
+@patch
+def close(self: Sandbox) -> None:
+    "Kill the student's process and everything it started."
+    if self.practice:
+        _killpg(self.proc.pid)                             # the session's process group
+    else:
+        for pid in _children(self.proc.pid):               # the namespace's init: its death ends all the rest
+            _kill(pid)
+        try:
+            self.proc.wait(timeout=5)                      # unshare reaps it and exits
+        except subprocess.TimeoutExpired:
+            pass
+    self.proc.kill()
+    self.proc.wait()
+    for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+        try:
+            stream.close()
+        except OSError:
+            pass
+    if self.workdir is not None:
+        self.workdir.cleanup()
 
 # %% ../nbs/10_grading.ipynb #697e0f6a
 def read_submission(path: str | Path, lab: Lab) -> list[str]:
@@ -647,6 +659,8 @@ def _fresh_child(cells, skip, hide, limits, practice, deadline, messages) -> San
         messages.append(f"code cell {bad + 1} is skipped and the notebook run again without it")
     return Sandbox(hide, limits, practice)
 
+
+# %% ../nbs/10_grading.ipynb #510f7460
 def grade(submission: str | Path, lab: Lab, limits: Limits = Limits(), practice: bool | None = None,
           hide: Sequence[str | Path] = ()) -> GradeReport:
     "Grade one notebook: its cells in a sandboxed child, each test's expression there, every judgment here."

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import torch
 
+from .patching import patch  # nbdev's @patch: a class built over several cells
 from .sampling import _is_int  # an int that is not a bool: one home, Chapter 3
 
 # %% ../nbs/06_kv.ipynb #328041e2
@@ -164,209 +165,236 @@ class BlockManager:
         "A copy of the block table of request `req_id`."
         return list(self._get(req_id).block_ids)
 
-    # -- the allocator: free queue, counts, prefix cache ("Four small primitives" below) --
-    def _take(self, blocks):
-        "Claim blocks a prefix-cache lookup found (a free one leaves the middle of the free queue)."
-        for b in blocks:
-            if self.ref_cnt[b] == 0:
-                self.free_queue.remove(b)
-            self.ref_cnt[b] += 1
-
-    def _allocate(self, n):
-        "Hand out the `n` least recently freed blocks, evicting whatever key they held."
-        out = [self.free_queue.popleft() for _ in range(n)]
-        for b in out:
-            key = self.block_hash.pop(b, None)
-            if key is not None:
-                del self.cached[key]  # lazily evicted: its content is about to be overwritten
-            self.ref_cnt[b] = 1
-        return out
-
-    def _release(self, b):
-        "Drop one reference to block `b`; at zero it joins the tail of the free queue, keeping its key."
-        if b == FREED:
-            return
-        self.ref_cnt[b] -= 1
+# %% ../nbs/06_kv.ipynb #a9bf7752
+@patch
+def _take(self: BlockManager, blocks):
+    "Claim blocks a prefix-cache lookup found (a free one leaves the middle of the free queue)."
+    for b in blocks:
         if self.ref_cnt[b] == 0:
-            self.free_queue.append(b)
+            self.free_queue.remove(b)
+        self.ref_cnt[b] += 1
 
-    def _lookup(self, r):
-        "Leading full blocks of `r` in the prefix cache; at least one token is left to compute (for its logits)."
-        hits = []
-        for key in itertools.islice(r.block_hashes, (len(r.token_ids) - 1) // self.block_size):
-            b = self.cached.get(key)
-            if b is None:
-                break
-            hits.append(b)
-        return hits
+@patch
+def _allocate(self: BlockManager, n):
+    "Hand out the `n` least recently freed blocks, evicting whatever key they held."
+    out = [self.free_queue.popleft() for _ in range(n)]
+    for b in out:
+        key = self.block_hash.pop(b, None)
+        if key is not None:
+            del self.cached[key]  # lazily evicted: its content is about to be overwritten
+        self.ref_cnt[b] = 1
+    return out
 
-    def _append_tokens(self, r, tokens):
-        "Append finalized tokens to the record (their one writer) and hash the blocks they fill."
-        r.token_ids += tokens
-        self._hash_blocks(r)
+@patch
+def _release(self: BlockManager, b):
+    "Drop one reference to block `b`; at zero it joins the tail of the free queue, keeping its key."
+    if b == FREED:
+        return
+    self.ref_cnt[b] -= 1
+    if self.ref_cnt[b] == 0:
+        self.free_queue.append(b)
 
-    def _hash_blocks(self, r):
-        "With the cache on, extend r's hash chain over the full blocks of its tokens not hashed yet, each chained."
-        if not self.enable_prefix_caching:
-            return
-        size, done = self.block_size, len(r.block_hashes) * self.block_size
-        full = len(r.token_ids) // size * size  # only the blocks filled since the last call: linear in the tokens
-        if full > done:
-            parent = r.block_hashes[-1] if r.block_hashes else ROOT_HASH
-            r.block_hashes += hash_chain(r.token_ids[done:full], size, parent)
+@patch
+def _append_tokens(self: BlockManager, r, tokens):
+    "Append finalized tokens to the record (their one writer) and hash the blocks they fill."
+    r.token_ids += tokens
+    self._hash_blocks(r)
 
-    def _cache_block(self, b, key):
-        self.cached[key], self.block_hash[b] = b, key
+@patch
+def _hash_blocks(self: BlockManager, r):
+    "With the cache on, extend r's hash chain over the full blocks of its tokens not hashed yet, each chained."
+    if not self.enable_prefix_caching:
+        return
+    size, done = self.block_size, len(r.block_hashes) * self.block_size
+    full = len(r.token_ids) // size * size  # only the blocks filled since the last call: linear in the tokens
+    if full > done:
+        parent = r.block_hashes[-1] if r.block_hashes else ROOT_HASH
+        r.block_hashes += hash_chain(r.token_ids[done:full], size, parent)
 
-    def _cache_blocks(self, r, num_tokens_to_cache):
-        "Offer the prefix cache the full blocks of the first `num_tokens_to_cache` finalized tokens not offered yet."
-        end = min(num_tokens_to_cache // self.block_size, len(r.block_hashes))
-        for i in range(r.num_cached_blocks, end):
-            if r.block_ids[i] != FREED and r.block_hashes[i] not in self.cached:
-                self._cache_block(r.block_ids[i], r.block_hashes[i])
-        r.num_cached_blocks = max(r.num_cached_blocks, end)
+# %% ../nbs/06_kv.ipynb #07cf715e
+@patch
+def _lookup(self: BlockManager, r):
+    "Leading full blocks of `r` in the prefix cache; at least one token is left to compute (for its logits)."
+    hits = []
+    for key in itertools.islice(r.block_hashes, (len(r.token_ids) - 1) // self.block_size):
+        b = self.cached.get(key)
+        if b is None:
+            break
+        hits.append(b)
+    return hits
 
-    # -- a request's life: add, allocate_slots (optimism), commit (rollback), finish, preempt --
-    def add_request(self, request: Request) -> int:
-        """Register a request's record (an engine's own, such as Chapter 8's `RequestState`: kept, not copied) and
-        reuse the cached full blocks of its tokens; returns how many tokens they cover."""
-        if not isinstance(request, Request):
-            raise TypeError(f"request must be a Request, got {type(request).__name__}")
-        if request.req_id in self.requests:
-            raise ValueError(f"request id {request.req_id!r} already exists")
-        if not isinstance(request.token_ids, list) or not request.token_ids:
-            raise ValueError("the request's token_ids must be a non-empty list (its prompt)")
-        r = request
-        r.block_ids, r.block_hashes, r.num_lookahead_tokens = [], [], None
-        self._hash_blocks(r)
-        hits = self._lookup(r)
+@patch
+def _cache_block(self: BlockManager, b, key):
+    self.cached[key], self.block_hash[b] = b, key
+
+@patch
+def _cache_blocks(self: BlockManager, r, num_tokens_to_cache):
+    "Offer the prefix cache the full blocks of the first `num_tokens_to_cache` finalized tokens not offered yet."
+    end = min(num_tokens_to_cache // self.block_size, len(r.block_hashes))
+    for i in range(r.num_cached_blocks, end):
+        if r.block_ids[i] != FREED and r.block_hashes[i] not in self.cached:
+            self._cache_block(r.block_ids[i], r.block_hashes[i])
+    r.num_cached_blocks = max(r.num_cached_blocks, end)
+
+# %% ../nbs/06_kv.ipynb #c9dcd0ae
+@patch
+def add_request(self: BlockManager, request: Request) -> int:
+    """Register a request's record (an engine's own, such as Chapter 8's `RequestState`: kept, not copied) and
+    reuse the cached full blocks of its tokens; returns how many tokens they cover."""
+    if not isinstance(request, Request):
+        raise TypeError(f"request must be a Request, got {type(request).__name__}")
+    if request.req_id in self.requests:
+        raise ValueError(f"request id {request.req_id!r} already exists")
+    if not isinstance(request.token_ids, list) or not request.token_ids:
+        raise ValueError("the request's token_ids must be a non-empty list (its prompt)")
+    r = request
+    r.block_ids, r.block_hashes, r.num_lookahead_tokens = [], [], None
+    self._hash_blocks(r)
+    hits = self._lookup(r)
+    self._take(hits)
+    r.block_ids, r.num_computed_tokens, r.num_cached_blocks = hits, len(hits) * self.block_size, len(hits)
+    self.requests[r.req_id] = r
+    return r.num_computed_tokens
+
+# %% ../nbs/06_kv.ipynb #0221a3ab
+@patch
+def _check_lookahead(self: BlockManager, r, num_lookahead_tokens):
+    "Refuse a step for a request with one in flight, or a lookahead that is not a count."
+    if r.num_lookahead_tokens is not None:
+        raise ValueError(f"request {r.req_id!r} already has a step in flight; commit it first")
+    if not _is_count(num_lookahead_tokens):
+        raise ValueError(f"num_lookahead_tokens must be an int >= 0, got {num_lookahead_tokens!r}")
+
+@patch
+def _plan(self: BlockManager, r, num_lookahead_tokens):
+    "The prefix-cache hits a request with no blocks claims, and the fresh blocks that cover tokens + lookahead."
+    hits = self._lookup(r) if not r.block_ids else []  # only a request with no blocks looks up
+    held = len(r.block_ids) + len(hits)  # one of the two is empty
+    return hits, max(-(-(len(r.token_ids) + num_lookahead_tokens) // self.block_size) - held, 0)
+
+@patch
+def _grow(self: BlockManager, r, hits, fresh):
+    "Claim `hits` (for a request with no blocks) and `fresh` new blocks, or refuse, changing nothing."
+    free = self.free_blocks - sum(self.ref_cnt[b] == 0 for b in hits)  # a zero-count hit leaves the free queue
+    if fresh > free:
+        raise ValueError(f"out of KV blocks: request {r.req_id!r} needs {fresh} more, {free} free")
+    if not r.block_ids:
         self._take(hits)
         r.block_ids, r.num_computed_tokens, r.num_cached_blocks = hits, len(hits) * self.block_size, len(hits)
-        self.requests[r.req_id] = r
-        return r.num_computed_tokens
+    r.block_ids += self._allocate(fresh)
 
-    def _check_lookahead(self, r, num_lookahead_tokens):
-        "Refuse a step for a request with one in flight, or a lookahead that is not a count."
-        if r.num_lookahead_tokens is not None:
-            raise ValueError(f"request {r.req_id!r} already has a step in flight; commit it first")
-        if not _is_count(num_lookahead_tokens):
-            raise ValueError(f"num_lookahead_tokens must be an int >= 0, got {num_lookahead_tokens!r}")
+@patch
+def blocks_needed(self: BlockManager, req_id: Hashable, num_lookahead_tokens: int = 0) -> int:
+    "Blocks `allocate_slots(req_id, num_lookahead_tokens)` would take off the free queue (a hit in use costs none)."
+    r = self._get(req_id)
+    self._check_lookahead(r, num_lookahead_tokens)
+    hits, fresh = self._plan(r, num_lookahead_tokens)
+    return fresh + sum(self.ref_cnt[b] == 0 for b in hits)
 
-    def _plan(self, r, num_lookahead_tokens):
-        "The prefix-cache hits a request with no blocks claims, and the fresh blocks that cover tokens + lookahead."
-        hits = self._lookup(r) if not r.block_ids else []  # only a request with no blocks looks up
-        held = len(r.block_ids) + len(hits)  # one of the two is empty
-        return hits, max(-(-(len(r.token_ids) + num_lookahead_tokens) // self.block_size) - held, 0)
+@patch
+def allocate_slots(self: BlockManager, req_id: Hashable, num_lookahead_tokens: int = 0) -> Step:
+    """Reserve a step: blocks for every position not computed yet, the finalized tokens the cache lacks and then
+    `num_lookahead_tokens` draft slots, all counted as computed (optimism). Refused, changing nothing, when the
+    blocks are short. Returns the positions and the slot of each."""
+    r = self._get(req_id)
+    self._check_lookahead(r, num_lookahead_tokens)
+    hits, fresh = self._plan(r, num_lookahead_tokens)
+    start = len(hits) * self.block_size if not r.block_ids else r.num_computed_tokens
+    if FREED in r.block_ids[start // self.block_size:]:
+        raise ValueError(f"request {req_id!r} must write position {start}, "
+                         "whose block the sliding window already freed")
+    self._grow(r, hits, fresh)
+    end = len(r.token_ids) + num_lookahead_tokens
+    r.num_lookahead_tokens = num_lookahead_tokens
+    r.num_computed_tokens = end  # optimistic: every lookahead slot counted as computed
+    b, table = self.block_size, r.block_ids
+    return Step(list(range(start, end)), [table[p // b] * b + p % b for p in range(start, end)])
 
-    def _grow(self, r, hits, fresh):
-        "Claim `hits` (for a request with no blocks) and `fresh` new blocks, or refuse, changing nothing."
-        free = self.free_blocks - sum(self.ref_cnt[b] == 0 for b in hits)  # a zero-count hit leaves the free queue
-        if fresh > free:
-            raise ValueError(f"out of KV blocks: request {r.req_id!r} needs {fresh} more, {free} free")
-        if not r.block_ids:
-            self._take(hits)
-            r.block_ids, r.num_computed_tokens, r.num_cached_blocks = hits, len(hits) * self.block_size, len(hits)
-        r.block_ids += self._allocate(fresh)
+# %% ../nbs/06_kv.ipynb #44ef39df
+@patch
+def _free_outside_window(self: BlockManager, r, num_computed_tokens):
+    "Return the blocks that lie wholly before the window of a query at position `num_computed_tokens`."
+    first_needed = num_computed_tokens - self.sliding_window + 1
+    i = min(first_needed // self.block_size, len(r.block_ids)) - 1  # the last block wholly before the window
+    while i >= 0 and r.block_ids[i] != FREED:  # freed blocks form a prefix: stop at the first one
+        self._release(r.block_ids[i])
+        r.block_ids[i] = FREED
+        i -= 1
 
-    def blocks_needed(self, req_id: Hashable, num_lookahead_tokens: int = 0) -> int:
-        "Blocks `allocate_slots(req_id, num_lookahead_tokens)` would take off the free queue (a hit in use costs none)."
-        r = self._get(req_id)
-        self._check_lookahead(r, num_lookahead_tokens)
-        hits, fresh = self._plan(r, num_lookahead_tokens)
-        return fresh + sum(self.ref_cnt[b] == 0 for b in hits)
+@patch
+def _check_commit(self: BlockManager, r, num_drafted, num_accepted, emitted):
+    "Refuse a commit whose counts or tokens do not fit the step in flight."
+    for name, v, hi in (("num_drafted", num_drafted, r.num_lookahead_tokens),
+                        ("num_accepted", num_accepted, num_drafted)):
+        if not _is_count(v, hi):
+            raise ValueError(f"{name} must be an int in [0, {hi}] for request {r.req_id!r}'s step, got {v!r}")
+    if not isinstance(emitted, list) or len(emitted) != num_accepted + 1:
+        raise ValueError(f"emitted_tokens must be a list of num_accepted + 1 = {num_accepted + 1} tokens, "
+                         f"got {emitted!r:.80}")
 
-    def allocate_slots(self, req_id: Hashable, num_lookahead_tokens: int = 0) -> Step:
-        """Reserve a step: blocks for every position not computed yet, the finalized tokens the cache lacks and then
-        `num_lookahead_tokens` draft slots, all counted as computed (optimism). Refused, changing nothing, when the
-        blocks are short. Returns the positions and the slot of each."""
-        r = self._get(req_id)
-        self._check_lookahead(r, num_lookahead_tokens)
-        hits, fresh = self._plan(r, num_lookahead_tokens)
-        start = len(hits) * self.block_size if not r.block_ids else r.num_computed_tokens
-        if FREED in r.block_ids[start // self.block_size:]:
-            raise ValueError(f"request {req_id!r} must write position {start}, "
-                             "whose block the sliding window already freed")
-        self._grow(r, hits, fresh)
-        end = len(r.token_ids) + num_lookahead_tokens
-        r.num_lookahead_tokens = num_lookahead_tokens
-        r.num_computed_tokens = end  # optimistic: every lookahead slot counted as computed
-        b, table = self.block_size, r.block_ids
-        return Step(list(range(start, end)), [table[p // b] * b + p % b for p in range(start, end)])
+@patch
+def commit(self: BlockManager, req_id: Hashable, num_drafted: int, num_accepted: int, emitted_tokens: list[int],
+           num_cacheable: int | None = None) -> int:
+    """Finish the step in flight: roll back every lookahead slot but the accepted drafts, append the emitted tokens
+    (n accepted + 1), offer the prefix cache the blocks finished before the step (only those within the first
+    `num_cacheable` tokens when given: a draft model whose K/V lag). Returns num_computed_tokens."""
+    r = self._get(req_id)
+    if r.num_lookahead_tokens is None:
+        raise ValueError(f"request {req_id!r} has no step in flight: nothing to commit or roll back "
+                         "(allocate_slots first)")
+    self._check_commit(r, num_drafted, num_accepted, emitted_tokens)
+    num_tokens = len(r.token_ids)  # the tokens finalized before the step: the step wrote every K/V they lacked
+    r.num_computed_tokens -= r.num_lookahead_tokens - num_accepted  # the rollback: those slots are never read
+    r.num_lookahead_tokens = None
+    self._append_tokens(r, emitted_tokens)
+    written = num_tokens if num_cacheable is None else min(num_tokens, num_cacheable)
+    self._cache_blocks(r, written)  # finalized and written: drafts have no key, the new tokens wait a step
+    if self.sliding_window is not None:
+        self._free_outside_window(r, r.num_computed_tokens)  # the processed length, after the rollback
+    return r.num_computed_tokens
 
-    def _free_outside_window(self, r, num_computed_tokens):
-        "Return the blocks that lie wholly before the window of a query at position `num_computed_tokens`."
-        first_needed = num_computed_tokens - self.sliding_window + 1
-        i = min(first_needed // self.block_size, len(r.block_ids)) - 1  # the last block wholly before the window
-        while i >= 0 and r.block_ids[i] != FREED:  # freed blocks form a prefix: stop at the first one
-            self._release(r.block_ids[i])
-            r.block_ids[i] = FREED
-            i -= 1
+# %% ../nbs/06_kv.ipynb #832d19c4
+@patch
+def _release_all(self: BlockManager, r):
+    for b in reversed(r.block_ids):
+        self._release(b)
 
-    def _check_commit(self, r, num_drafted, num_accepted, emitted):
-        "Refuse a commit whose counts or tokens do not fit the step in flight."
-        for name, v, hi in (("num_drafted", num_drafted, r.num_lookahead_tokens),
-                            ("num_accepted", num_accepted, num_drafted)):
-            if not _is_count(v, hi):
-                raise ValueError(f"{name} must be an int in [0, {hi}] for request {r.req_id!r}'s step, got {v!r}")
-        if not isinstance(emitted, list) or len(emitted) != num_accepted + 1:
-            raise ValueError(f"emitted_tokens must be a list of num_accepted + 1 = {num_accepted + 1} tokens, "
-                             f"got {emitted!r:.80}")
+@patch
+def finish(self: BlockManager, req_id: Hashable) -> None:
+    "Drop a finished (or aborted) request and release its blocks, last block first; its record keeps its tokens."
+    r = self._get(req_id)
+    self._release_all(r)
+    del self.requests[req_id]
+    r.block_ids, r.num_computed_tokens, r.num_cached_blocks, r.num_lookahead_tokens = [], 0, 0, None
 
-    def commit(self, req_id: Hashable, num_drafted: int, num_accepted: int, emitted_tokens: list[int],
-               num_cacheable: int | None = None) -> int:
-        """Finish the step in flight: roll back every lookahead slot but the accepted drafts, append the emitted tokens
-        (n accepted + 1), offer the prefix cache the blocks finished before the step (only those within the first
-        `num_cacheable` tokens when given: a draft model whose K/V lag). Returns num_computed_tokens."""
-        r = self._get(req_id)
-        if r.num_lookahead_tokens is None:
-            raise ValueError(f"request {req_id!r} has no step in flight: nothing to commit or roll back "
-                             "(allocate_slots first)")
-        self._check_commit(r, num_drafted, num_accepted, emitted_tokens)
-        num_tokens = len(r.token_ids)  # the tokens finalized before the step: the step wrote every K/V they lacked
-        r.num_computed_tokens -= r.num_lookahead_tokens - num_accepted  # the rollback: those slots are never read
-        r.num_lookahead_tokens = None
-        self._append_tokens(r, emitted_tokens)
-        written = num_tokens if num_cacheable is None else min(num_tokens, num_cacheable)
-        self._cache_blocks(r, written)  # finalized and written: drafts have no key, the new tokens wait a step
-        if self.sliding_window is not None:
-            self._free_outside_window(r, r.num_computed_tokens)  # the processed length, after the rollback
-        return r.num_computed_tokens
+@patch
+def preempt(self: BlockManager, req_id: Hashable) -> None:
+    "Release every block of a request and reset it to recompute from scratch; its tokens and hash chain stay."
+    r = self._get(req_id)
+    self._release_all(r)
+    r.block_ids, r.num_computed_tokens, r.num_cached_blocks, r.num_lookahead_tokens = [], 0, 0, None
 
-    def _release_all(self, r):
-        for b in reversed(r.block_ids):
-            self._release(b)
+# %% ../nbs/06_kv.ipynb #8bfb0f2b
+@patch
+def cancel(self: BlockManager, req_id: Hashable, num_computed_tokens: int) -> None:
+    """Abandon the step in flight of a request whose forward failed: no lookahead, and `num_computed_tokens` back
+    to its count before allocate_slots (the step's first position), so that those positions are computed again."""
+    r = self._get(req_id)
+    if r.num_lookahead_tokens is None:
+        raise ValueError(f"request {req_id!r} has no step in flight to cancel")
+    most = min(r.num_computed_tokens, len(r.token_ids) - 1)  # a step's first position: before its last token
+    if not _is_count(num_computed_tokens, most):
+        raise ValueError(f"num_computed_tokens must be an int in [0, {most}], got {num_computed_tokens!r}")
+    r.num_lookahead_tokens = None
+    r.num_computed_tokens = num_computed_tokens
 
-    def finish(self, req_id: Hashable) -> None:
-        "Drop a finished (or aborted) request and release its blocks, last block first; its record keeps its tokens."
-        r = self._get(req_id)
-        self._release_all(r)
-        del self.requests[req_id]
-        r.block_ids, r.num_computed_tokens, r.num_cached_blocks, r.num_lookahead_tokens = [], 0, 0, None
-
-    def preempt(self, req_id: Hashable) -> None:
-        "Release every block of a request and reset it to recompute from scratch; its tokens and hash chain stay."
-        r = self._get(req_id)
-        self._release_all(r)
-        r.block_ids, r.num_computed_tokens, r.num_cached_blocks, r.num_lookahead_tokens = [], 0, 0, None
-
-    def cancel(self, req_id: Hashable, num_computed_tokens: int) -> None:
-        """Abandon the step in flight of a request whose forward failed: no lookahead, and `num_computed_tokens` back
-        to its count before allocate_slots (the step's first position), so that those positions are computed again."""
-        r = self._get(req_id)
-        if r.num_lookahead_tokens is None:
-            raise ValueError(f"request {req_id!r} has no step in flight to cancel")
-        most = min(r.num_computed_tokens, len(r.token_ids) - 1)  # a step's first position: before its last token
-        if not _is_count(num_computed_tokens, most):
-            raise ValueError(f"num_computed_tokens must be an int in [0, {most}], got {num_computed_tokens!r}")
-        r.num_lookahead_tokens = None
-        r.num_computed_tokens = num_computed_tokens
-
-    def forget(self, req_id: Hashable) -> None:
-        "Drop the prefix-cache keys of a request's blocks, which a failed step may have left half written."
-        for b in self._get(req_id).block_ids:
-            key = self.block_hash.pop(b, None) if b != FREED else None
-            if key is not None:
-                del self.cached[key]
+@patch
+def forget(self: BlockManager, req_id: Hashable) -> None:
+    "Drop the prefix-cache keys of a request's blocks, which a failed step may have left half written."
+    for b in self._get(req_id).block_ids:
+        key = self.block_hash.pop(b, None) if b != FREED else None
+        if key is not None:
+            del self.cached[key]
 
 # %% ../nbs/06_kv.ipynb #4a7bed72
 class PagedKV:
@@ -388,19 +416,6 @@ class PagedKV:
         self.k.view(-1, *self.k.shape[2:])[idx] = k
         self.v.view(-1, *self.v.shape[2:])[idx] = v
 
-    def move_slots(self, src_slots: Sequence[int], dst_slots: Sequence[int]) -> None:
-        "Copy the K/V rows at `src_slots` to `dst_slots` (gathered first, so overlapping moves are safe)."
-        if len(src_slots) != len(dst_slots):
-            raise ValueError(f"src_slots and dst_slots must have equal length, got {len(src_slots)} and {len(dst_slots)}")
-        n = self.k.shape[0] * self.k.shape[1]
-        if any(not isinstance(s, int) or not 0 <= s < n for s in (*src_slots, *dst_slots)):
-            raise ValueError(f"src_slots and dst_slots must be slots in [0, {n})")
-        src = torch.as_tensor(src_slots, dtype=torch.int64, device=self.k.device)
-        dst = torch.as_tensor(dst_slots, dtype=torch.int64, device=self.k.device)
-        for cache in (self.k, self.v):
-            flat = cache.view(-1, *cache.shape[2:])
-            flat[dst] = flat[src].clone()
-
     def read(self, block_table: Sequence[int], positions: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         "K/V rows of `positions` through `block_table`; a position whose block was freed is an error."
         slots = []
@@ -413,3 +428,21 @@ class PagedKV:
             slots.append(block_table[i] * self.block_size + p % self.block_size)
         idx = torch.as_tensor(slots, dtype=torch.int64, device=self.k.device)
         return self.k.view(-1, *self.k.shape[2:])[idx], self.v.view(-1, *self.v.shape[2:])[idx]
+
+# %% ../nbs/06_kv.ipynb #d420d177
+@patch
+def move_slots(self: PagedKV, src_slots: Sequence[int], dst_slots: Sequence[int]) -> None:
+    """Copy the K and V rows at the flat slots `src_slots` to the slots `dst_slots`, pairwise; every source row is
+    gathered before any destination is written, so overlapping moves are safe."""
+    num_slots = self.k.shape[0] * self.k.shape[1]
+    if len(src_slots) != len(dst_slots):
+        raise ValueError(f"src_slots and dst_slots must have equal length, got {len(src_slots)} and {len(dst_slots)}")
+    for name, slots in (("src_slots", src_slots), ("dst_slots", dst_slots)):
+        bad = [s for s in slots if not _is_int(s) or not 0 <= s < num_slots]
+        if bad:
+            raise ValueError(f"{name} must hold int slots in [0, {num_slots}), got {bad[0]!r}")
+    src = torch.as_tensor(list(src_slots), dtype=torch.int64, device=self.k.device)
+    dst = torch.as_tensor(list(dst_slots), dtype=torch.int64, device=self.k.device)
+    for cache in (self.k, self.v):
+        flat = cache.view(-1, *cache.shape[2:])
+        flat[dst] = flat[src].clone()  # gather everything, then scatter

@@ -146,13 +146,9 @@ def _check_record(m, r, by_id, bad):
         if (r.token_ids, r.block_hashes) != (t, chain):
             bad.append(f"{r.req_id!r}: its tokens or hash chain are not those of its finalized tokens")
 
-def check_invariants(manager: BlockManager, kv: PagedKV | None = None,
-                     finalized: Mapping[Hashable, Sequence[int]] | Sequence[Sequence[int]] = ()) -> list[str]:
-    """Violations of the cache invariants (empty list: all hold). `finalized`: every sequence's finalized tokens so
-    far, finished ones included; as a mapping from request id, each live request's record is checked against it."""
-    m, bad = manager, []
-    by_id = finalized if isinstance(finalized, Mapping) else {}
-    seqs = list(by_id.values()) if isinstance(finalized, Mapping) else list(finalized)
+# %% ../nbs/06b_kvlab.ipynb #6b8733b8
+def _check_blocks(m, by_id, bad):
+    "Invariants 1 and 2 (and each record's 3 and 7): the free queue, the counts, the owners; returns the owners."
     queued = list(m.free_queue)
     if len(queued) != len(m.free_queue) or len(set(queued)) != len(queued):
         bad.append("leak: the free queue's links and its length disagree")
@@ -172,27 +168,32 @@ def check_invariants(manager: BlockManager, kv: PagedKV | None = None,
             bad.append(f"leak: block {b} free-queue membership disagrees with its count")
         if owners[b] > 1 and b not in m.block_hash:
             bad.append(f"block {b} is shared by {owners[b]} requests but is not a prefix-cache block")
-    if not m.enable_prefix_caching and m.cached:
-        bad.append(f"prefix cache: caching is off but {len(m.cached)} blocks are cached")
-    if kv is not None:
-        for r in m.requests.values():
-            if r.num_lookahead_tokens is not None or not r.block_ids:  # in flight: its K/V are being written
-                continue
-            pos = window(m, r.req_id)
-            if pos and pos[-1] >= r.num_tokens:
-                bad.append(f"stale read: {r.req_id!r} reads position {pos[-1]}, "
-                           f"past its {r.num_tokens} finalized tokens")
-                continue
-            try:
-                got = kv.read(r.block_ids, pos)
-            except ValueError as e:
-                bad.append(f"stale read: {r.req_id!r}: {e}")
-                continue
-            if r.req_id in by_id:
-                t = by_id[r.req_id]
-                want = toy_kv([t[p] for p in pos], pos, *kv.k.shape[2:], dtype=kv.k.dtype)
-                if not _same_kv(got, want):
-                    bad.append(f"stale read: {r.req_id!r} reads K/V of other tokens")
+    return owners
+
+def _check_reads(m, kv, by_id, bad):
+    "Invariant 4: between steps, every position the next query reads is live and holds its finalized token's K/V."
+    for r in m.requests.values():
+        if r.num_lookahead_tokens is not None or not r.block_ids:  # in flight: its K/V are being written
+            continue
+        pos = window(m, r.req_id)
+        if pos and pos[-1] >= r.num_tokens:
+            bad.append(f"stale read: {r.req_id!r} reads position {pos[-1]}, "
+                       f"past its {r.num_tokens} finalized tokens")
+            continue
+        try:
+            got = kv.read(r.block_ids, pos)
+        except ValueError as e:
+            bad.append(f"stale read: {r.req_id!r}: {e}")
+            continue
+        if r.req_id in by_id:
+            t = by_id[r.req_id]
+            want = toy_kv([t[p] for p in pos], pos, *kv.k.shape[2:], dtype=kv.k.dtype)
+            if not _same_kv(got, want):
+                bad.append(f"stale read: {r.req_id!r} reads K/V of other tokens")
+
+# %% ../nbs/06b_kvlab.ipynb #dafc9a1e
+def _check_cache(m, kv, seqs, bad):
+    "Invariant 5: every prefix-cache key is a full block of finalized tokens, and its block holds their K/V."
     known = _chain_index(m, seqs) if seqs else {}
     for key, b in m.cached.items():
         if m.block_hash.get(b) != key:
@@ -204,6 +205,9 @@ def check_invariants(manager: BlockManager, kv: PagedKV | None = None,
             want = toy_kv(tokens, range(first, first + m.block_size), *kv.k.shape[2:], dtype=kv.k.dtype)
             if not _same_kv((kv.k[b], kv.v[b]), want):
                 bad.append(f"prefix cache: block {b} does not hold the K/V of its key")
+
+def _check_private(m, owners, bad):
+    "Invariant 6: every block the next forward writes belongs to its request alone and is not in the prefix cache."
     for r in m.requests.values():  # the next forward writes from the step's input on: those blocks must be private
         first = min(r.num_computed_tokens, r.num_tokens - 1) // m.block_size
         for b in r.block_ids[first:]:
@@ -213,6 +217,21 @@ def check_invariants(manager: BlockManager, kv: PagedKV | None = None,
             if b != FREED and owners[b] > 1:
                 bad.append(f"reserved block: block {b} is shared by {owners[b]} requests, "
                            f"but {r.req_id!r} will write it")
+
+def check_invariants(manager: BlockManager, kv: PagedKV | None = None,
+                     finalized: Mapping[Hashable, Sequence[int]] | Sequence[Sequence[int]] = ()) -> list[str]:
+    """Violations of the cache invariants (empty list: all hold). `finalized`: every sequence's finalized tokens so
+    far, finished ones included; as a mapping from request id, each live request's record is checked against it."""
+    m, bad = manager, []
+    by_id = finalized if isinstance(finalized, Mapping) else {}
+    seqs = list(by_id.values()) if isinstance(finalized, Mapping) else list(finalized)
+    owners = _check_blocks(m, by_id, bad)
+    if not m.enable_prefix_caching and m.cached:
+        bad.append(f"prefix cache: caching is off but {len(m.cached)} blocks are cached")
+    if kv is not None:
+        _check_reads(m, kv, by_id, bad)
+    _check_cache(m, kv, seqs, bad)
+    _check_private(m, owners, bad)
     return bad
 
 # %% ../nbs/06b_kvlab.ipynb #62a34a1d
@@ -249,6 +268,8 @@ def random_ops(steps: int, seed: int = 0, max_requests: int = 3, vocab: int = 6)
             ops.append(("step", rid, lookahead, drafts, rng.randint(0, len(drafts)), rng.randrange(vocab)))
     return ops
 
+
+# %% ../nbs/06b_kvlab.ipynb #db58f82a
 def _refused(m, call, expected) -> list[str]:
     "The violations of a call that must be refused with a message containing `expected`, changing nothing."
     before = manager_state(m)
@@ -287,6 +308,8 @@ def _commit(m, kv, history, rid, step, drafts, num_accepted, next_token) -> list
     history[rid] += drafts[:num_accepted] + [next_token]
     return [] if m.free_blocks >= free else [f"commit took {free - m.free_blocks} blocks"]
 
+
+# %% ../nbs/06b_kvlab.ipynb #52193427
 def _play(manager, ops, num_blocks=12, block_size=4, sliding_window=None,
           enable_prefix_caching=True) -> tuple[int, list[str]]:
     "Index of the first operation after which an invariant fails, and the violations; (len(ops), []) if none."
@@ -348,13 +371,7 @@ def shrink_ops(manager: Callable[..., BlockManager], ops: list[tuple],
 # %% ../nbs/06b_kvlab.ipynb #ad8a76b1
 def compact_tree_path(kv: PagedKV, src_slots: Sequence[int], dst_slots: Sequence[int]) -> int:
     "Move K/V rows from `src_slots` to `dst_slots` (one layer); returns the bytes moved (read + write, K and V)."
-    if len(src_slots) != len(dst_slots):
-        raise ValueError(f"src_slots and dst_slots must have equal length, got {len(src_slots)} and {len(dst_slots)}")
-    src = torch.as_tensor(src_slots, dtype=torch.int64, device=kv.k.device)
-    dst = torch.as_tensor(dst_slots, dtype=torch.int64, device=kv.k.device)
-    for cache in (kv.k, kv.v):
-        flat = cache.view(-1, *cache.shape[2:])
-        flat[dst] = flat[src].clone()  # gather everything, then scatter
+    kv.move_slots(src_slots, dst_slots)  # the cache moves its own rows (Chapter 6), checked and overlap-safe
     return 2 * len(src_slots) * kv.bytes_per_token
 
 def tree_path_moves(manager: BlockManager, req_id: Hashable, path: Sequence[int]) -> tuple[list[int], list[int]]:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .kv import FREED, PagedKV
+from .patching import patch  # nbdev's @patch: a class built over several cells
 from .roofline import ModelSpec
 from .sampling import _is_int, sampling_probs  # _is_int: an int that is not a bool, one home (Chapter 3)
 from .sampling import _ancestors, _check_parents, _depths  # token trees: Chapter 3's ancestor mask
@@ -343,6 +344,8 @@ class PagedBatch:
         "N: the tokens (flat rows) the step feeds."
         return len(self.token_ids)
 
+
+# %% ../nbs/07_model.ipynb #d48d75dd
 def _check_paged_batch(blocks, starts, block_tables, block_size, sliding_window):
     "Types and lengths of paged_batch's arguments, O(1) per request: no walk over tokens or block ids."
     if not _is_int(block_size) or block_size < 1:
@@ -382,6 +385,8 @@ def _check_tree_parents(tree_parents, blocks):
             raise ValueError(f"tree_parents[{b}] must hold one parent per token of blocks[{b}] ({len(blocks[b])}), "
                              f"got {len(parents)}")
 
+
+# %% ../nbs/07_model.ipynb #e3db6d64
 def _tree_rows(parents, depths, start, first_key, L, T, sliding_window):
     """Request b's [T, L] mask when it feeds a tree: every node sees the context before `start` (its window's part)
     and, among the fed keys, its ancestors and itself; padding rows repeat the last node's row."""
@@ -414,6 +419,8 @@ def _first_bad(lists, ok):
     "Index of the first list with an entry that fails ok: the slow path, walked only after a bulk check failed."
     return next((b for b, xs in enumerate(lists) if not all(ok(x) for x in xs)), 0)
 
+
+# %% ../nbs/07_model.ipynb #13ff5043
 def _touched_blocks(starts, ends, first_keys, block_tables, block_size, sliding_window):
     "The largest block id the step reads or writes; an error if one of them was freed (a slice scan per request)."
     max_block = 0
@@ -449,6 +456,57 @@ def _group(n, query_lens, first_rows, ends, first_keys, key_slots, mask, device)
         group_mask = mask[index, :, :n, :max(widths)].to(device)
     return rows, key_slots[index, :max(widths)].to(device), group_mask
 
+
+# %% ../nbs/07_model.ipynb #625bda21
+def _token_rows(blocks, starts, ends, block_tables, block_size, slot_mapping, trees, depths, check):
+    "Per token, on the host: its id, its position and its slot, then one [3, N] tensor for the three."
+    N = sum(len(block) for block in blocks)
+    flat = list(itertools.chain.from_iterable(blocks))
+    positions = list(itertools.chain.from_iterable(range(s, e) for s, e in zip(starts, ends)))
+    if trees:                                                          # a tree node's position: start + its depth
+        positions = list(itertools.chain.from_iterable(
+            [starts[b] + d for d in depths[b]] if b in trees else range(s, e)
+            for b, (s, e) in enumerate(zip(starts, ends))))
+    slots = slot_mapping
+    if slots is None:
+        slots = [t[p // block_size] * block_size + p % block_size
+                 for t, s, e in zip(block_tables, starts, ends) for p in range(s, e)]
+    if len(slots) != N:
+        raise ValueError(f"slot_mapping must hold one slot per fed token ({N}), got {len(slots)}")
+    rows = _ids([flat, positions, slots], 0)
+    if rows is None:
+        b = _first_bad(blocks, lambda t: _is_int(t) and t >= 0)
+        raise ValueError(f"blocks[{b}] must hold token ids (ints >= 0), got {list(blocks[b])[:8]}")
+    if check and N > 1 and len(set(slots)) != N:
+        raise ValueError("two tokens of the step would write the same slot: block tables must not share the "
+                         "blocks they write")
+    return flat, positions, rows
+
+def _keys_and_mask(table, starts, ends, first_keys, query_lens, block_size, sliding_window, trees, depths):
+    """Per request: the slots of the keys it may read, positions first_key .. first_key + L - 1 (padding: its last),
+    the [B, 1, T, L] mask (None: each query sees every key of its row), the per-request index rows, the first rows."""
+    T = max(query_lens)
+    L = max(e - f for e, f in zip(ends, first_keys))                   # the keys of the widest request
+    first_rows = list(itertools.accumulate(query_lens, initial=0))[:-1]
+    last_rows = [f + n - 1 for f, n in zip(first_rows, query_lens)]
+    per_request = long_tensor([first_keys, ends, starts, query_lens, last_rows])
+    key_pos = per_request[0, :, None] + torch.arange(L)                # [B, L]
+    real_pos = torch.minimum(key_pos, per_request[1, :, None] - 1)
+    key_slots = table.gather(1, real_pos // block_size) * block_size + real_pos % block_size
+    mask = None
+    if T > 1 or any(e - f != L for e, f in zip(ends, first_keys)):    # else each query sees every key of its row
+        offset = torch.minimum(torch.arange(T), per_request[3, :, None] - 1)    # [B, T]: padding repeats the last
+        query_pos = per_request[2, :, None] + offset
+        mask = (key_pos < per_request[1, :, None])[:, None] & (key_pos[:, None] <= query_pos[:, :, None])
+        if sliding_window is not None:
+            mask &= key_pos[:, None] > query_pos[:, :, None] - sliding_window
+        mask = mask[:, None]
+        for b, parents in trees.items():                              # a tree exists only when T > 1: mask is set
+            mask[b, 0] = _tree_rows(parents, depths[b], starts[b], first_keys[b], L, T, sliding_window)
+    return key_slots, mask, per_request, first_rows
+
+
+# %% ../nbs/07_model.ipynb #9f7439df
 def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[list[int]], block_size: int,
                 device: str | torch.device = "cpu", sliding_window: int | None = None,
                 slot_mapping: list[int] | None = None, check: bool = True,
@@ -476,51 +534,17 @@ def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[l
         raise ValueError(f"block_tables[{b}] must hold block ids (ints >= 0, or FREED), "
                          f"got {list(block_tables[b])[:8]}")
     query_lens = [len(block) for block in blocks]
-    N, T = sum(query_lens), max(query_lens)
+    T = max(query_lens)
     ends = [s + n for s, n in zip(starts, query_lens)]                 # each request's last position + 1
     first_keys = [0 if sliding_window is None else max(0, s - sliding_window + 1) for s in starts]
     if check:
         max_block = _touched_blocks(starts, ends, first_keys, block_tables, block_size, sliding_window)
     else:                                                              # an upper bound of the blocks touched
         max_block = int(table.max())
-    # per token, on the host: its id, its position and its slot, then one tensor for the three
-    flat = list(itertools.chain.from_iterable(blocks))
-    positions = list(itertools.chain.from_iterable(range(s, e) for s, e in zip(starts, ends)))
-    if trees:                                                          # a tree node's position: start + its depth
-        positions = list(itertools.chain.from_iterable(
-            [starts[b] + d for d in depths[b]] if b in trees else range(s, e)
-            for b, (s, e) in enumerate(zip(starts, ends))))
-    slots = slot_mapping
-    if slots is None:
-        slots = [t[p // block_size] * block_size + p % block_size
-                 for t, s, e in zip(block_tables, starts, ends) for p in range(s, e)]
-    if len(slots) != N:
-        raise ValueError(f"slot_mapping must hold one slot per fed token ({N}), got {len(slots)}")
-    rows = _ids([flat, positions, slots], 0)
-    if rows is None:
-        b = _first_bad(blocks, lambda t: _is_int(t) and t >= 0)
-        raise ValueError(f"blocks[{b}] must hold token ids (ints >= 0), got {list(blocks[b])[:8]}")
-    if check and N > 1 and len(set(slots)) != N:
-        raise ValueError("two tokens of the step would write the same slot: block tables must not share the "
-                         "blocks they write")
-    # per request: the slots of the keys it may read, positions first_key .. first_key + L - 1 (padding: its last)
-    L = max(e - f for e, f in zip(ends, first_keys))                   # the keys of the widest request
-    first_rows = list(itertools.accumulate(query_lens, initial=0))[:-1]
-    last_rows = [f + n - 1 for f, n in zip(first_rows, query_lens)]
-    per_request = long_tensor([first_keys, ends, starts, query_lens, last_rows])
-    key_pos = per_request[0, :, None] + torch.arange(L)                # [B, L]
-    real_pos = torch.minimum(key_pos, per_request[1, :, None] - 1)
-    key_slots = table.gather(1, real_pos // block_size) * block_size + real_pos % block_size
-    mask = None
-    if T > 1 or any(e - f != L for e, f in zip(ends, first_keys)):    # else each query sees every key of its row
-        offset = torch.minimum(torch.arange(T), per_request[3, :, None] - 1)    # [B, T]: padding repeats the last
-        query_pos = per_request[2, :, None] + offset
-        mask = (key_pos < per_request[1, :, None])[:, None] & (key_pos[:, None] <= query_pos[:, :, None])
-        if sliding_window is not None:
-            mask &= key_pos[:, None] > query_pos[:, :, None] - sliding_window
-        mask = mask[:, None]
-        for b, parents in trees.items():                              # a tree exists only when T > 1: mask is set
-            mask[b, 0] = _tree_rows(parents, depths[b], starts[b], first_keys[b], L, T, sliding_window)
+    flat, positions, rows = _token_rows(blocks, starts, ends, block_tables, block_size, slot_mapping, trees, depths,
+                                        check)
+    key_slots, mask, per_request, first_rows = _keys_and_mask(table, starts, ends, first_keys, query_lens,
+                                                              block_size, sliding_window, trees, depths)
     if any(n != T for n in query_lens):                                # ragged: one attention per query length
         groups = [_group(n, query_lens, first_rows, ends, first_keys, key_slots, mask, device)
                   for n in sorted(set(query_lens))]
@@ -579,6 +603,8 @@ def paged_attend(kv: PagedKV, batch: PagedBatch) -> Attend:
         return o
     return attend
 
+
+# %% ../nbs/07_model.ipynb #f57f3598
 def _check_paged_forward(model, cache, batch, logits_indices):
     "Everything forward_paged can check before it writes: model, cache and batch agree, the indices are rows."
     args = model.args
@@ -613,6 +639,8 @@ def _check_paged_forward(model, cache, batch, logits_indices):
     if len(rows) and (rows.min() < 0 or rows.max() >= batch.num_tokens):
         raise ValueError(f"logits_indices must lie in [0, {batch.num_tokens}), the batch's flat rows")
 
+
+# %% ../nbs/07_model.ipynb #16b062b6
 def paged_logits(model: Llama, cache: list[PagedKV], batch: PagedBatch,
                  logits_indices: torch.Tensor | None = None) -> torch.Tensor:
     "forward_paged's arithmetic, unchecked: it reads only the batch's tensors, so torch.compile can capture it whole."
@@ -712,6 +740,8 @@ def load_model(folder: str | os.PathLike, dtype: torch.dtype = torch.float32,
     model.inv_freq = rope_inv_freq(args)
     return model.to(device).eval()
 
+
+# %% ../nbs/07_model.ipynb #2b289687
 FAST_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")  # two names of one class in transformers 5
 
 def _json_field(path, name):
@@ -807,105 +837,118 @@ class Detokenizer:
         self.override = None             # the decode of all ids, while it disagrees with the confirmed text
         self.lookback = max(map(len, self.stop), default=1) - 1   # a new stop string may begin this far back
 
-    def push(self, token_id: int) -> bool:
-        "Append one token; True once a stop string is in the text (the ids so far, skip_ids dropped, decoded)."
-        if isinstance(token_id, bool) or not isinstance(token_id, int):
-            raise TypeError(f"token_id must be an int, got {type(token_id).__name__}")
-        if token_id < 0:
-            raise ValueError(f"token_id must be >= 0, got {token_id}")
-        if self.stopped or self.finished:
-            raise ValueError("push after the text ended (a stop string appeared or finish() was called)")
-        if token_id in self.skip_ids:
-            return False
-        self.ids.append(token_id)
-        before = self.length
-        window = self.tokenizer.decode(self.ids[self.prefix_offset:])
-        if not window.startswith(self.prefix_text):   # the new token changed text already read
-            return self.reread()
-        self.override = None
-        self.pending = window[len(self.prefix_text):]
-        if self.pending and not self.pending.endswith("\ufffd"):   # whole characters: confirm them, move the offsets
-            self.confirm(len(self.ids))
-        return self.find_stop(max(before - self.lookback, 0))
-
-    def confirm(self, read_offset: int) -> None:
-        "The pending text is whole characters: it joins the confirmed text; the lookback moves to the ids just read."
-        self.starts.append(self.length)
-        self.pieces.append(self.pending)
-        self.length += len(self.pending)
-        self.pending = ""
-        self.prefix_offset = self.read_offset
-        self.read_offset = read_offset
-        self.prefix_text = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
-
-    def reread(self) -> bool:
-        "Decode all ids: the window disagreed with the text read (byte fallback mid-character, a clean-up of spaces)."
-        full = self.tokenizer.decode(self.ids)
-        confirmed = self.slice(0, self.length)
-        self.pending = ""
-        self.override = None
-        if full.startswith(confirmed):                  # the text read stands: the rest is pending
-            self.pending = full[len(confirmed):]
-        elif full.endswith("\ufffd"):                   # a character is being written: text is the full decode,
-                                                        # the stream keeps what was read until the character is whole
-            self.override = full
-        else:                                           # the text read changed for good: it is all of the decode
-            self.pieces, self.starts, self.length = [], [], 0
-            self.pending = full
-        if self.pending and not self.pending.endswith("\ufffd"):
-            self.confirm(len(self.ids))
-        return self.find_stop(0)
-
-    def find_stop(self, start: int) -> bool:
-        "Look for the stop strings in the text from start on; cut the text before the first one found."
-        if not self.stop:
-            return False
-        region = self.slice(start, self.size()) if self.override is None else self.override[start:]
-        found = [i for i in (region.find(s) for s in self.stop) if i >= 0]
-        if found:
-            self.cut = start + min(found)
-            self.stopped = True
-        return self.stopped
-
-    def slice(self, start: int, end: int) -> str:
-        "Characters start:end of the confirmed and pending text, joining only the pieces they span."
-        i = max(bisect.bisect_right(self.starts, start) - 1, 0)
-        base = self.starts[i] if self.pieces else 0
-        return "".join(self.pieces[i:] + [self.pending])[start - base:end - base]
-
     @property
     def text(self) -> str:
         "All text so far, skip_ids dropped; cut before the first stop string once one appeared."
         text = self.slice(0, self.size()) if self.override is None else self.override
         return text if self.cut is None else text[:self.cut]
 
-    def size(self) -> int:
-        "The number of characters of text so far (before a cut)."
-        return len(self.override) if self.override is not None else self.length + len(self.pending)
+# %% ../nbs/07_model.ipynb #74322c98
+@patch
+def push(self: Detokenizer, token_id: int) -> bool:
+    "Append one token; True once a stop string is in the text (the ids so far, skip_ids dropped, decoded)."
+    if isinstance(token_id, bool) or not isinstance(token_id, int):
+        raise TypeError(f"token_id must be an int, got {type(token_id).__name__}")
+    if token_id < 0:
+        raise ValueError(f"token_id must be >= 0, got {token_id}")
+    if self.stopped or self.finished:
+        raise ValueError("push after the text ended (a stop string appeared or finish() was called)")
+    if token_id in self.skip_ids:
+        return False
+    self.ids.append(token_id)
+    before = self.length
+    window = self.tokenizer.decode(self.ids[self.prefix_offset:])
+    if not window.startswith(self.prefix_text):   # the new token changed text already read
+        return self.reread()
+    self.override = None
+    self.pending = window[len(self.prefix_text):]
+    if self.pending and not self.pending.endswith("\ufffd"):   # whole characters: confirm them, move the offsets
+        self.confirm(len(self.ids))
+    return self.find_stop(max(before - self.lookback, 0))
 
-    def visible_end(self) -> int:
-        "Where the streamable prefix of text ends: before an incomplete character and before a possible stop start."
-        if self.cut is not None:
-            return self.cut
-        if self.finished:
-            return self.size()
-        end = self.length + len(self.pending.rstrip("\ufffd"))   # pending is empty under an override
-        recent = self.slice(max(end - self.lookback, 0), end)
-        return end - max((k for s in self.stop for k in range(1, len(s)) if recent.endswith(s[:k])), default=0)
+@patch
+def confirm(self: Detokenizer, read_offset: int) -> None:
+    "The pending text is whole characters: it joins the confirmed text; the lookback moves to the ids just read."
+    self.starts.append(self.length)
+    self.pieces.append(self.pending)
+    self.length += len(self.pending)
+    self.pending = ""
+    self.prefix_offset = self.read_offset
+    self.read_offset = read_offset
+    self.prefix_text = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
 
-    def visible(self) -> str:
-        "The prefix of text safe to stream; all of text once stopped or finished."
-        if self.override is not None and (self.stopped or self.finished):
-            return self.text
-        return self.slice(0, self.visible_end())
+@patch
+def reread(self: Detokenizer) -> bool:
+    "Decode all ids: the window disagreed with the text read (byte fallback mid-character, a clean-up of spaces)."
+    full = self.tokenizer.decode(self.ids)
+    confirmed = self.slice(0, self.length)
+    self.pending = ""
+    self.override = None
+    if full.startswith(confirmed):                  # the text read stands: the rest is pending
+        self.pending = full[len(confirmed):]
+    elif full.endswith("\ufffd"):                   # a character is being written: text is the full decode,
+                                                    # the stream keeps what was read until the character is whole
+        self.override = full
+    else:                                           # the text read changed for good: it is all of the decode
+        self.pieces, self.starts, self.length = [], [], 0
+        self.pending = full
+    if self.pending and not self.pending.endswith("\ufffd"):
+        self.confirm(len(self.ids))
+    return self.find_stop(0)
 
-    def take(self) -> str:
-        "The visible text no earlier take() returned: what a stream sends next (reads only the recent pieces)."
-        end = self.visible_end()
-        new = self.visible()[self.taken:end] if self.override is not None else self.slice(self.taken, end)
-        self.taken = max(end, self.taken)
-        return new
+# %% ../nbs/07_model.ipynb #4f8100ab
+@patch
+def find_stop(self: Detokenizer, start: int) -> bool:
+    "Look for the stop strings in the text from start on; cut the text before the first one found."
+    if not self.stop:
+        return False
+    region = self.slice(start, self.size()) if self.override is None else self.override[start:]
+    found = [i for i in (region.find(s) for s in self.stop) if i >= 0]
+    if found:
+        self.cut = start + min(found)
+        self.stopped = True
+    return self.stopped
 
-    def finish(self) -> None:
-        "The request ended (length, a stop token, an abort): a trailing incomplete character or stop start shows."
-        self.finished = True
+@patch
+def slice(self: Detokenizer, start: int, end: int) -> str:
+    "Characters start:end of the confirmed and pending text, joining only the pieces they span."
+    i = max(bisect.bisect_right(self.starts, start) - 1, 0)
+    base = self.starts[i] if self.pieces else 0
+    return "".join(self.pieces[i:] + [self.pending])[start - base:end - base]
+
+@patch
+def size(self: Detokenizer) -> int:
+    "The number of characters of text so far (before a cut)."
+    return len(self.override) if self.override is not None else self.length + len(self.pending)
+
+# %% ../nbs/07_model.ipynb #b61c9bff
+@patch
+def visible_end(self: Detokenizer) -> int:
+    "Where the streamable prefix of text ends: before an incomplete character and before a possible stop start."
+    if self.cut is not None:
+        return self.cut
+    if self.finished:
+        return self.size()
+    end = self.length + len(self.pending.rstrip("\ufffd"))   # pending is empty under an override
+    recent = self.slice(max(end - self.lookback, 0), end)
+    return end - max((k for s in self.stop for k in range(1, len(s)) if recent.endswith(s[:k])), default=0)
+
+@patch
+def visible(self: Detokenizer) -> str:
+    "The prefix of text safe to stream; all of text once stopped or finished."
+    if self.override is not None and (self.stopped or self.finished):
+        return self.text
+    return self.slice(0, self.visible_end())
+
+@patch
+def take(self: Detokenizer) -> str:
+    "The visible text no earlier take() returned: what a stream sends next (reads only the recent pieces)."
+    end = self.visible_end()
+    new = self.visible()[self.taken:end] if self.override is not None else self.slice(self.taken, end)
+    self.taken = max(end, self.taken)
+    return new
+
+@patch
+def finish(self: Detokenizer) -> None:
+    "The request ended (length, a stop token, an abort): a trailing incomplete character or stop start shows."
+    self.finished = True

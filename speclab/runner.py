@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from itertools import accumulate
 
 import torch
-from fastcore.basics import patch
+from .patching import patch
 
 from .config import EngineConfig
 from .drafters import Drafter, Proposal

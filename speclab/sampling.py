@@ -797,6 +797,7 @@ def _check_settings(temperature, top_k, top_p, generators, processors) -> None:
     if min_p is not None and ((min_p < 0) | (min_p > 1)).any():
         raise ValueError("processors.min_p must lie in [0, 1]")
 
+# %% ../nbs/03_sampling.ipynb #9733d3ef
 @dataclass(eq=False)
 class SamplingMetadata:
     "Per-request sampling settings of one step as [B] tensors (vLLM's name): what the sampler needs of the engine."

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-from fastcore.basics import patch
+from .patching import patch
 
 from .config import EngineConfig, kappa_for_batch
 from .drafters import Proposal

@@ -78,6 +78,7 @@ def kappa_cap(kappa: int | str, kappa_max: int | None = None) -> int:
         raise ValueError(f"kappa {kappa} and kappa_max {kappa_max} disagree (kappa_max is kappa 'auto''s range)")
     return kappa
 
+# %% ../nbs/11_serve.ipynb #7a6d80f3
 @dataclass(frozen=True)
 class Calibration:
     """What kappa "auto" measured before the serving engine was built: this machine's step costs, the seconds the
@@ -117,6 +118,7 @@ def auto_policy(target: Llama, drafter: Any, kappa_max: int,
         on_calibration(cal)
     return KappaPolicy.adaptive(cal.costs, alpha_prior=cal.alpha)   # the calibrated costs, every step
 
+# %% ../nbs/11_serve.ipynb #98373911
 def load_engine(target: str | Path, draft: str | Path | None = None, ngram: int | None = None,
                 kappa: int | str = "auto", *, kappa_max: int | None = None, min_confidence: float = 0.0,
                 max_num_seqs: int = 16, max_num_batched_tokens: int = 8192, seed: int = 0, device: str = "cpu",
@@ -145,6 +147,7 @@ def load_engine(target: str | Path, draft: str | Path | None = None, ngram: int 
     return SpecDecoder(target_model, drafter, load_tokenizer(target), kappa=0 if plain else cap, policy=policy,
                        seed=seed, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
 
+# %% ../nbs/11_serve.ipynb #f4c8abd0
 TREE_KEYS = ("topk", "num_steps", "num_draft_tokens")   # SGLang's words for an EAGLE-2 tree (--speculative-...)
 
 def check_tree(tree: dict) -> tuple[int, int, int, list | None]:
@@ -737,6 +740,7 @@ class CompletionRequest(BaseModel):
     bad_words: list[str] | None = None            # vLLM's: words never emitted (tokenized by `bad_words_ids`)
     _chat: bool = PrivateAttr(False)              # made by `chat_prompt`: logprobs answered in chat's shape
 
+# %% ../nbs/11_serve.ipynb #882f516a
 def _is_ids(x: Any) -> bool:
     return isinstance(x, list) and len(x) > 0 and all(type(integral(t)) is int for t in x)
 
@@ -767,6 +771,7 @@ def check_stop(stop: Any) -> tuple:
         raise APIError(f"stop must be a non-empty string or a list of them, got {stop!r:.80}", "stop")
     return tuple(stops)
 
+# %% ../nbs/11_serve.ipynb #33d90887
 PROCESSORS = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "min_tokens", "logit_bias",
               "allowed_token_ids", "stop_token_ids")   # honoured, exactly under speculation (Chapters 3 and 8)
 PARAMS = ("temperature", "top_k", "top_p", "seed", "max_tokens", "stop", "prompt", "bad_words", *PROCESSORS)
@@ -799,6 +804,7 @@ def check_fields(body: CompletionRequest) -> None:
             raise APIError(f"{name} is not supported by this server (only {UNSUPPORTED[name][-1]!r}, its default, "
                            f"is accepted), got {value!r:.80}", name)
 
+# %% ../nbs/11_serve.ipynb #47ef6dc0
 def temperature_of(body: CompletionRequest) -> float:
     "The request's temperature: 1 by default, 0 (greedy) below vLLM's SAMPLING_EPS, as vLLM samples it."
     t = 1.0 if body.temperature is None else body.temperature
@@ -837,6 +843,7 @@ def request_params(body: CompletionRequest) -> tuple[SamplingParams, bool]:
         raise APIError(str(e), error_param(str(e))) from None
     return params, body.max_tokens is None
 
+# %% ../nbs/11_serve.ipynb #7666b2d7
 def bad_words_ids(tokenizer: Any, words: list[str]) -> tuple:
     "vLLM's tokenization of bad_words: each word as it stands and, when that makes a new word, after a space."
     out = []
@@ -1019,6 +1026,7 @@ async def watch_disconnect(request: Request, queue: asyncio.Queue) -> None:
         pass
     queue.put_nowait(Disconnect())
 
+# %% ../nbs/11_serve.ipynb #521dec81
 async def completion_json(lp: EngineLoop, ch: Choices, meta: dict, body: CompletionRequest,
                           request: Request) -> Response:
     "A whole completion as one JSON body, its choices in index order; a client that hangs up first aborts them."
@@ -1044,6 +1052,7 @@ async def completion_json(lp: EngineLoop, ch: Choices, meta: dict, body: Complet
         for index in open_:
             lp.abort(ch.req_ids[index])
 
+# %% ../nbs/11_serve.ipynb #d7bdf216
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
     "POST /v1/completions: a choice per prompt and sample; a JSON body, or Server-Sent Events with stream: true."
     info, lp = request.app.state.info, request.app.state.engine_loop
@@ -1128,6 +1137,7 @@ def chat_prompt(body: ChatRequest, tokenizer: Any) -> CompletionRequest:
     out._chat = True
     return out
 
+# %% ../nbs/11_serve.ipynb #1bcf60a8
 def chat_echo(body: ChatRequest) -> str:
     "vLLM's chat echo: the last message's content when it is the assistant's (the reply continues it), else nothing."
     last = chat_message(body.messages[-1], len(body.messages) - 1)
@@ -1304,6 +1314,7 @@ class SpecDecodeStats(BaseModel):
     acceptance_rate: float
     kappa_counts: list[int]                 # index k: this choice's steps that planned k drafts (0: a plain step)
 
+# %% ../nbs/11_serve.ipynb #476bef2d
 class CompletionChoice(BaseModel):
     "One choice of a /v1/completions response."
     index: int
@@ -1322,6 +1333,7 @@ class CompletionResponse(BaseModel):
     choices: list[CompletionChoice]
     usage: UsageInfo
 
+# %% ../nbs/11_serve.ipynb #df527d67
 class TokenLogprob(BaseModel):
     "A token and its log-prob (chat's logprobs entries and their alternatives)."
     token: str
@@ -1479,6 +1491,7 @@ def uvicorn_server(app: FastAPI) -> uvicorn.Server:
     "uvicorn quiet but for warnings (the engine logs its own errors); 5 s for open streams on shutdown."
     return StoppingServer(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5))
 
+# %% ../nbs/11_serve.ipynb #71ae6dfb
 class ServerThread:
     "uvicorn serving `app` from a background thread (notebooks, tests): `url` once it accepts; `stop()` ends it."
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, timeout: float = 60):

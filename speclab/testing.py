@@ -129,6 +129,7 @@ def cached_walk(model: Llama, seqs: list[list[int]], feeds: list[list[int]]) -> 
             done[b] += k
     return [torch.cat(o) for o in out]
 
+# %% ../nbs/95_testing.ipynb #45698a17
 def _free_behind_window(table, cache, first_needed, block_size):
     "Free the blocks wholly before position first_needed: FREED in the table, NaN in every layer's pool."
     for i, block in enumerate(table):
@@ -163,6 +164,7 @@ def paged_walk(model: Llama, seqs: list[list[int]], feeds: list[list[int]], bloc
                 _free_behind_window(tables[b], cache, done[b] - sliding_window + 1, block_size)
     return [torch.cat(o) for o in out], tables
 
+# %% ../nbs/95_testing.ipynb #9994465c
 @torch.no_grad()
 def reference_logits(model: Llama, tokens: list[int] | torch.Tensor,
                      sliding_window: int | None = None) -> torch.Tensor:
@@ -294,6 +296,7 @@ def _own_sampler(md: Any, logits: torch.Tensor, draft_probs: torch.Tensor | None
         out[b, :len(emitted)] = torch.tensor(emitted)
     return out.to(logits.device)
 
+# %% ../nbs/95_testing.ipynb #9784b548
 def _stale_rows(processors: Any, md: Any) -> Any:
     "Processor rows for every sampled position from the request's history at the step's start (the penalty bug)."
     n = torch.as_tensor(md.num_draft_tokens)
@@ -323,6 +326,7 @@ def faulty_sampler(engine: Any, fault: str, sampler: Callable[..., torch.Tensor]
         return sampler(md, logits, draft_probs, sampling, backend)
     return sample
 
+# %% ../nbs/95_testing.ipynb #182c426e
 def plant_fault(engine: Any, fault: str | None) -> None:
     "Swap the engine's sampler or request handling for a faulty one (None: put the correct ones back). Tests only."
     if fault is not None and fault not in FAULTS:

@@ -69,6 +69,7 @@ def _rate_list(value: str) -> list:
         raise ValueError(f"per-position acceptance rates must lie in [0, 1], got {bad[0]}")
     return rates
 
+# %% ../nbs/09b_vllm_io.ipynb #1c9eaca1
 def _split_fields(body: str) -> dict:
     "The `Key: value` fields of a metrics message, by their names in `_FIELDS` (unknown keys are skipped)."
     keys = list(_KEY.finditer(body))
@@ -179,6 +180,7 @@ def _num_drafts(accepted: int, drafted: int, mean_len, rates: list) -> tuple:
     target = accepted / (mean_len - 1) if mean_len > 1 else float(high)
     return int(ns[np.argmin(np.abs(ns - target))]), False
 
+# %% ../nbs/09b_vllm_io.ipynb #7b1717e3
 def _per_pos_counts(n: int, accepted: int, rates: list) -> tuple:
     """(accepted_per_pos, exact): round(rate_i * n) per position, and whether the printed rates pin these counts.
 
@@ -207,6 +209,7 @@ def _hist(K: int, n: int, per_pos: list, accepted: int) -> dict:
         return {}
     return {K: diffs}
 
+# %% ../nbs/09b_vllm_io.ipynb #b49f501e
 def _metrics_v0(f: dict) -> SpecMetrics:
     "A V0 line: cumulative counts, every draft of length k; no per-position counts, so no hist."
     k = f.get("k")
@@ -382,32 +385,9 @@ def _positions(counts: dict, field: str) -> list:
     return [counts[p] for p in range(K)]
 
 # %% ../nbs/09b_vllm_io.ipynb #78f4066c
-def parse_prometheus(text: str) -> SpecMetrics:
-    """vLLM's `/metrics` text -> the cumulative `SpecMetrics` since the server started (`metrics_delta` for a window).
-
-    Reads the counters `vllm:spec_decode_num_drafts`, `_num_draft_tokens`, `_num_accepted_tokens` and
-    `_num_accepted_tokens_per_pos{position="i"}`, each with or without the `_total` that prometheus_client appends
-    to a counter. vLLM's `position` is 0-based (`str(pos) for pos in range(num_speculative_tokens)`): position="0" is
-    the first draft token, speclab's position 1, i.e. accepted_per_pos[0]. `_created` samples, comments, blank lines
-    and other metrics are skipped (other metrics must still be well-formed lines). Samples of one counter are summed
-    over every label set but `position` (`engine="0"`, `engine="1"` of data parallelism; `model_name`: filter the text
-    first if one scrape mixes models). A `vllm:spec_decode_num_draft_tokens_per_pos` counter, if a build exports one,
-    fills drafted_per_pos. speclab's own `speclab:spec_decode_num_drafts_by_accepted{num_draft_tokens="k",
-    num_accepted_tokens="a"}` (drafts of k tokens that accepted a), if present, is the histogram itself.
-
-    With K positions and num_draft_tokens == num_drafts * K every draft had K tokens: drafted_per_pos =
-    [num_drafts] * K and hist[K] = [a_j - a_(j+1)] (a_0 = num_drafts, a_(K+1) = 0) when the differences are >= 0 and
-    sum(accepted_per_pos) == num_accepted_tokens. Otherwise (mixed draft lengths) drafted_per_pos = [] and hist = {},
-    unless the scrape holds speclab's histogram (which must then cover every draft and accepted token).
-
-    Each line is tokenized by `prometheus_client.parser.text_string_to_metric_families` (labels, escapes, `+Inf`,
-    timestamps, exemplars: whatever that parser accepts); the checks here are about meaning. Raises TypeError if `text`
-    is not a str; ValueError naming the line for a line prometheus_client refuses, a spec-decode sample that is not a
-    finite integer >= 0, a duplicated series, a missing or non-integer `position`, or a `# TYPE` that declares a
-    spec-decode family as anything but a counter; ValueError if no spec-decode counter is present, or if num_drafts,
-    num_draft_tokens or num_accepted_tokens is missing (V0 had no num_drafts)."""
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str (decode bytes first), got {type(text).__name__}")
+def _scan(text: str) -> tuple:
+    """Sum the spec-decode samples of a scrape, line by line: (totals, per_pos, outcomes, kappa_buckets, seen), or a
+    ValueError naming the line."""
     totals = {}
     per_pos = {"accepted_per_pos": {}, "drafted_per_pos": {}}
     outcomes = {}                                          # (k, a) -> drafts of k tokens that accepted a
@@ -442,6 +422,37 @@ def parse_prometheus(text: str) -> SpecMetrics:
                     totals[field] = totals.get(field, 0) + int(value)
         except ValueError as e:
             raise ValueError(f"line {lineno}: {e}: {line!r}") from None
+    return totals, per_pos, outcomes, kappa_buckets, seen
+
+
+# %% ../nbs/09b_vllm_io.ipynb #04882e26
+def parse_prometheus(text: str) -> SpecMetrics:
+    """vLLM's `/metrics` text -> the cumulative `SpecMetrics` since the server started (`metrics_delta` for a window).
+
+    Reads the counters `vllm:spec_decode_num_drafts`, `_num_draft_tokens`, `_num_accepted_tokens` and
+    `_num_accepted_tokens_per_pos{position="i"}`, each with or without the `_total` that prometheus_client appends
+    to a counter. vLLM's `position` is 0-based (`str(pos) for pos in range(num_speculative_tokens)`): position="0" is
+    the first draft token, speclab's position 1, i.e. accepted_per_pos[0]. `_created` samples, comments, blank lines
+    and other metrics are skipped (other metrics must still be well-formed lines). Samples of one counter are summed
+    over every label set but `position` (`engine="0"`, `engine="1"` of data parallelism; `model_name`: filter the text
+    first if one scrape mixes models). A `vllm:spec_decode_num_draft_tokens_per_pos` counter, if a build exports one,
+    fills drafted_per_pos. speclab's own `speclab:spec_decode_num_drafts_by_accepted{num_draft_tokens="k",
+    num_accepted_tokens="a"}` (drafts of k tokens that accepted a), if present, is the histogram itself.
+
+    With K positions and num_draft_tokens == num_drafts * K every draft had K tokens: drafted_per_pos =
+    [num_drafts] * K and hist[K] = [a_j - a_(j+1)] (a_0 = num_drafts, a_(K+1) = 0) when the differences are >= 0 and
+    sum(accepted_per_pos) == num_accepted_tokens. Otherwise (mixed draft lengths) drafted_per_pos = [] and hist = {},
+    unless the scrape holds speclab's histogram (which must then cover every draft and accepted token).
+
+    Each line is tokenized by `prometheus_client.parser.text_string_to_metric_families` (labels, escapes, `+Inf`,
+    timestamps, exemplars: whatever that parser accepts); the checks here are about meaning. Raises TypeError if `text`
+    is not a str; ValueError naming the line for a line prometheus_client refuses, a spec-decode sample that is not a
+    finite integer >= 0, a duplicated series, a missing or non-integer `position`, or a `# TYPE` that declares a
+    spec-decode family as anything but a counter; ValueError if no spec-decode counter is present, or if num_drafts,
+    num_draft_tokens or num_accepted_tokens is missing (V0 had no num_drafts)."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str (decode bytes first), got {type(text).__name__}")
+    totals, per_pos, outcomes, kappa_buckets, seen = _scan(text)
     if not seen:
         raise ValueError("no vllm:spec_decode_* counter found: is speculative decoding on, and are stats not off "
                          "(vLLM's --disable-log-stats drops them)?")

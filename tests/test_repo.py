@@ -95,7 +95,8 @@ NOTEBOOK_GROUPS = (
     ("nbs/11_serve.ipynb", "nbs/95_testing.ipynb", "nbs/06_kv.ipynb", "nbs/06b_kvlab.ipynb", "nbs/02_roofline.ipynb",
      "nbs/09d_remote.ipynb", "nbs/05_metadata.ipynb", "nbs/13_audit.ipynb", "nbs/09b_vllm_io.ipynb"),
     ("nbs/08a_config.ipynb", "nbs/08b_request.ipynb", "nbs/08c_processors.ipynb", "nbs/08d_drafters.ipynb",
-     "nbs/08e_scheduler.ipynb", "nbs/08f_runner.ipynb", "nbs/08g_policy.ipynb", "nbs/14b_tree_verify.ipynb"),
+     "nbs/08e_scheduler.ipynb", "nbs/08f_runner.ipynb", "nbs/08g_policy.ipynb", "nbs/14b_tree_verify.ipynb",
+     "nbs/00_patching.ipynb"),
 )
 GROUP_OF = {Path(nb): group for group in NOTEBOOK_GROUPS for nb in group}
 RUN_GROUP = """
