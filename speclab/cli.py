@@ -16,7 +16,6 @@ __all__ = ['ROOFLINE_ROWS', 'DTYPES', 'SHIPPED', 'FLAGS', 'METHODS', 'SPEC_KEYS'
 
 # %% ../nbs/90_cli.ipynb #92d8e588
 import argparse
-import inspect
 import json
 import math
 import os
@@ -184,10 +183,10 @@ def load_decoder(target: str, draft: str | None = None, ngram: int | None = None
     "auto" calibrates first (`on_calibration` gets Chapter 11's `Calibration`) and lets a `KappaPolicy` choose each
     step's kappa in 0..kappa_max (`AUTO_KAPPA_MAX` if None); an int is a fixed kappa, 0 plain decoding."""
     import torch
+    from speclab.config import EngineConfig
     from speclab.engine import SpecDecoder
     from speclab.model import load_model, load_tokenizer
-    from speclab.eagle import load_drafter
-    from speclab.serve import auto_policy, kappa_cap
+    from speclab.serve import auto_policy, kappa_cap, load_drafter
     check_device(device, backend)
     cap = kappa_cap(kappa, kappa_max)
     dt, target = getattr(torch, DTYPES[dtype]), resolve_checkpoint(target, "target")
@@ -196,8 +195,9 @@ def load_decoder(target: str, draft: str | None = None, ngram: int | None = None
     drafter = load_drafter(target_model, draft, ngram if cap else None, dt, device, min_confidence)
     auto = kappa == "auto" and drafter is not None
     policy = auto_policy(target_model, drafter, cap, on_calibration) if auto else None
-    eng = SpecDecoder(target_model, drafter, tok, kappa=cap if drafter is not None else 0, backend=backend, seed=seed,
-                      enable_prefix_caching=prefix_caching, policy=policy)
+    config = EngineConfig(kappa=cap if drafter is not None else 0, backend=backend, seed=seed,
+                          enable_prefix_caching=prefix_caching)
+    eng = SpecDecoder(target_model, drafter, tok, config, policy=policy)
     return eng, tok
 
 # %% ../nbs/90_cli.ipynb #d40dfb12
@@ -405,10 +405,18 @@ def tree_plan(args: argparse.Namespace) -> dict | None:
     check_tree_kappa(args, config, fail)
     return tree
 
-def check_tree_kappa(args: argparse.Namespace, config: dict, fail: Callable[[str], None]) -> None:
-    "A tree's node budget is fixed: an explicit `--kappa auto` (or 'kappa': 'auto') would be ignored, so it is refused."
-    if "auto" in (getattr(args, "kappa", None), config.get("kappa")):
-        fail("a tree verifies a fixed number of nodes a step: drop --kappa auto (no kappa policy for trees)")
+def check_tree_kappa(args: argparse.Namespace, config: dict, fail: Callable[[str], None],
+                     num_tree_nodes: int | None = None) -> None:
+    """The engine's own rules for a tree (Chapter 8a's `check_drafting_rules`), before anything loads: no `--kappa
+    auto` (or 'kappa': 'auto'), and a fixed shape's node count is num_speculative_tokens when that is given."""
+    from speclab.config import check_drafting_rules
+    auto = "auto" in (getattr(args, "kappa", None), config.get("kappa"))
+    wanted = config.get("num_speculative_tokens") or getattr(args, "num_speculative_tokens", None)
+    try:
+        check_drafting_rules("auto" if auto else wanted or num_tree_nodes or 1, trees=True,
+                             num_tree_nodes=num_tree_nodes if wanted else None, policy=auto)
+    except ValueError as e:
+        fail(str(e))
 
 def fixed_tree(args: argparse.Namespace, config: dict, fail: Callable[[str], None]) -> dict:
     "tree_plan for vLLM's `speculative_token_tree` (a fixed shape): alone, num_speculative_tokens its node count."
@@ -420,10 +428,7 @@ def fixed_tree(args: argparse.Namespace, config: dict, fail: Callable[[str], Non
         shape = parse_token_tree(config["speculative_token_tree"])
     except ValueError as e:
         fail(str(e))
-    wanted = config.get("num_speculative_tokens") or getattr(args, "num_speculative_tokens", None)
-    if wanted is not None and wanted != len(shape):
-        fail(f"num_speculative_tokens {wanted} and speculative_token_tree's {len(shape)} nodes disagree")
-    check_tree_kappa(args, config, fail)
+    check_tree_kappa(args, config, fail, len(shape))
     return {"speculative_token_tree": config["speculative_token_tree"]}
 
 # %% ../nbs/90_cli.ipynb #d5e33f02
@@ -1039,10 +1044,11 @@ def check_prompts(sources: Sequence[tuple[str, str]], params: Any, tok: Any, mod
             fail(f"{where}: {one_line(e)}")
 
 def check_calibration(cap: int, model: Any, fail: Callable[[str], NoReturn]) -> None:
-    "--kappa auto times requests of (steps + 2)(cap + 1) new tokens (Chapter 8's `measure_step_costs`): they must fit."
-    from speclab.policy import measure_step_costs
-    steps = inspect.signature(measure_step_costs).parameters["steps"].default
-    need, context = (steps + 2) * (cap + 1), model.max_position_embeddings or math.inf
+    """--kappa auto times requests of (steps + 2)(cap + 1) new tokens (Chapter 8g's `measure_step_costs`, with fewer
+    steps on a short context, never under 2): they must fit."""
+    from speclab.policy import calibration_steps
+    context = model.max_position_embeddings or math.inf
+    need = (calibration_steps(context, cap) + 2) * (cap + 1)
     if need >= context:
         fail(f"--kappa auto up to {cap} speculative tokens: its calibration decodes {need} tokens a request, more than "
              f"the target's context of {context} positions holds; give fewer, or a fixed --kappa")

@@ -111,10 +111,10 @@ def check_drafting_rules(kappa: int | dict | str, trees: bool, num_tree_nodes: i
     """What the API and the CLI both refuse: a kappa policy ('auto') with a token tree, a kappa schedule with a tree,
     and a fixed tree shape whose node count is not kappa."""
     if trees and (policy or kappa == "auto"):
-        raise ValueError("a token tree verifies a fixed number of nodes a step: no kappa policy (kappa 'auto') "
-                         "for trees; give kappa as the node count")
+        raise ValueError("a token tree verifies a fixed number of nodes a step: no kappa policy for trees (drop "
+                         "kappa 'auto', --kappa auto; kappa is the node count)")
     if trees and isinstance(kappa, dict):
         raise ValueError("a token tree takes one kappa (its node count), not a schedule by batch size")
     if num_tree_nodes is not None and num_tree_nodes != kappa:
-        raise ValueError(f"kappa {kappa!r} and the token tree's {num_tree_nodes} nodes disagree: a step verifies "
-                         "kappa nodes")
+        raise ValueError(f"kappa (num_speculative_tokens) {kappa!r} and the token tree's {num_tree_nodes} nodes "
+                         "disagree: a step verifies kappa nodes")

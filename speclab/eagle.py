@@ -9,7 +9,7 @@ __all__ = ['HEAD_ARCH', 'EAGLE3_ARCHS', 'EAGLE_NAMES', 'eagle3_layers', 'last_la
            'eagle3_default_layers', 'eagle3_layout', 'Eagle3Head', 'eagle3_hidden', 'eagle3_target_ids',
            'eagle3_logits', 'step_hidden', 'step_logits', 'eagle3_config', 'eagle3_weights_file', 'eagle3_check',
            'eagle3_map', 'check_eagle3', 'load_eagle3', 'is_eagle3', 'write_eagle3', 'capture_paged', 'draft_dtype',
-           'cast_head', 'EagleDrafter', 'head_step_seconds', 'eagle_drafter', 'load_drafter', 'sweep_eagle', 'main']
+           'cast_head', 'EagleDrafter', 'head_step_seconds', 'eagle_drafter', 'sweep_eagle', 'main']
 
 # %% ../nbs/12_eagle.ipynb #bf971328
 import argparse
@@ -688,22 +688,6 @@ def eagle_drafter(target: Llama, folder: str | Path | None = None, greedy: bool 
     folder = eagle_path() if folder is None else Path(folder)
     head = load_eagle3(folder, target) if is_eagle3(folder) else load_head(folder, target)
     return EagleDrafter(head, target, greedy, draft_dtype(target) if dtype is None else dtype, min_confidence)
-
-def load_drafter(target: Llama, draft: str | Path | None, ngram: int | None, dtype: torch.dtype,
-                 device: str | torch.device, min_confidence: float = 0.0) -> Any | None:
-    """The drafter for `target` that a folder or `ngram` names: n-gram lookup, an EAGLE head (a head's folder), a
-    draft model (a checkpoint folder), or None; a model or a head stops drafting below `min_confidence`.
-    `speclab generate`, `demo` and `serve` all build theirs here."""
-    from speclab.drafters import ModelDrafter, NgramDrafter
-    from speclab.model import load_tokenizer
-    if ngram is not None:
-        return NgramDrafter(ngram)
-    if draft is None:
-        return None
-    if is_eagle_head(draft):
-        return eagle_drafter(target, draft, min_confidence=min_confidence)
-    model = load_model(draft, dtype, device)
-    return ModelDrafter(model, tokenizer=load_tokenizer(draft), min_confidence=min_confidence)
 
 # %% ../nbs/12_eagle.ipynb #e12sweep2
 def sweep_eagle(batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), kappa: int = 3, temperature: float = 0.0,

@@ -864,6 +864,7 @@ def _check_sampler_inputs(metadata, logits, draft_probs, sampling) -> None:
     if draft_probs is not None and check_prob_rows(draft_probs, "draft_probs", N).shape[1] != V:
         raise ValueError(f"draft_probs must be [{N}, {V}] like the target rows, got {tuple(draft_probs.shape)}")
 
+# %% ../nbs/03_sampling.ipynb #s03rs0002
 def rows_at_positions(processors: ProcessorRows, metadata: SpecDecodeIndices) -> ProcessorRows:
     "Per-request processor inputs -> one per sampled row: the settings repeated, the history grown by earlier drafts."
     n = torch.as_tensor(metadata.num_draft_tokens, dtype=torch.int64)

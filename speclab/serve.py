@@ -6,21 +6,21 @@
 __all__ = ['AUTO_KAPPA_MAX', 'TREE_KEYS', 'TTFT_BUCKETS', 'E2E_BUCKETS', 'ITL_BUCKETS', 'FINISHED_REASONS', 'Event', 'Command',
            'Query', 'Int', 'MAX_N', 'IDS', 'PROMPT_SCHEMA', 'WORD', 'STOP_SCHEMA', 'BIAS_SCHEMA', 'PROCESSORS',
            'PARAMS', 'NO_EFFECT', 'UNSUPPORTED', 'PART_SCHEMA', 'MESSAGES_SCHEMA', 'SPEC_COUNTERS', 'ERRORS', 'EVENT',
-           'EVENTS', 'kappa_cap', 'Calibration', 'calibrate', 'auto_policy', 'load_engine', 'check_tree', 'tree_engine',
-           'Histogram', 'ServerStats', 'Delta', 'Done', 'Failed', 'Disconnect', 'Stream', 'engine_failure', 'Add',
-           'Abort', 'Score', 'BadWords', 'Inspect', 'Stop', 'EngineState', 'EngineError', 'LoopRun', 'LoopRequests',
-           'LoopSteps', 'EngineLoop', 'APIError', 'error_body', 'error_response', 'on_api_error', 'field_path',
-           'on_validation_error', 'on_http_error', 'on_unexpected_error', 'ServerInfo', 'StreamOptions', 'integral',
-           'accepts', 'off_fields', 'CompletionRequest', 'check_prompt', 'check_prompts', 'check_stop', 'is_off',
-           'check_fields', 'temperature_of', 'request_params', 'bad_words_ids', 'error_param', 'sse', 'usage', 'choice',
-           'logprobs_json', 'chat_logprobs_json', 'spec_json', 'stream_usage', 'usage_flags', 'failure', 'ask_engine',
-           'submit', 'Choices', 'submit_all', 'echo_prompt', 'final_choice', 'sse_events', 'watch_disconnect',
-           'completion_json', 'create_completion', 'ChatRequest', 'chat_message', 'chat_prompt', 'chat_echo',
-           'chat_choice', 'chat_events', 'create_chat_completion', 'health', 'list_models', 'metrics', 'StatsCollector',
-           'ErrorInfo', 'ErrorResponse', 'UsageInfo', 'CompletionLogprobs', 'SpecDecodeStats', 'CompletionChoice',
-           'CompletionResponse', 'TokenLogprob', 'ChatTokenLogprob', 'ChatLogprobs', 'ChatMessage', 'ChatChoice',
-           'ChatCompletionResponse', 'ModelCard', 'ModelList', 'lifespan', 'add_routes', 'model_limits', 'build_app',
-           'bind_socket', 'server_url', 'StoppingServer', 'uvicorn_server', 'ServerThread', 'run_server']
+           'EVENTS', 'kappa_cap', 'Calibration', 'calibrate', 'auto_policy', 'load_engine', 'load_drafter',
+           'check_tree', 'tree_engine', 'Histogram', 'ServerStats', 'Delta', 'Done', 'Failed', 'Disconnect', 'Stream',
+           'engine_failure', 'Add', 'Abort', 'Score', 'BadWords', 'Inspect', 'Stop', 'EngineState', 'EngineError',
+           'LoopRun', 'LoopRequests', 'LoopSteps', 'EngineLoop', 'APIError', 'error_body', 'error_response',
+           'on_api_error', 'field_path', 'on_validation_error', 'on_http_error', 'on_unexpected_error', 'ServerInfo',
+           'StreamOptions', 'integral', 'accepts', 'off_fields', 'CompletionRequest', 'check_prompt', 'check_prompts',
+           'check_stop', 'is_off', 'check_fields', 'temperature_of', 'request_params', 'bad_words_ids', 'error_param',
+           'sse', 'usage', 'choice', 'logprobs_json', 'chat_logprobs_json', 'spec_json', 'stream_usage', 'usage_flags',
+           'failure', 'ask_engine', 'submit', 'Choices', 'submit_all', 'echo_prompt', 'final_choice', 'sse_events',
+           'watch_disconnect', 'completion_json', 'create_completion', 'ChatRequest', 'chat_message', 'chat_prompt',
+           'chat_echo', 'chat_choice', 'chat_events', 'create_chat_completion', 'health', 'list_models', 'metrics',
+           'StatsCollector', 'ErrorInfo', 'ErrorResponse', 'UsageInfo', 'CompletionLogprobs', 'SpecDecodeStats',
+           'CompletionChoice', 'CompletionResponse', 'TokenLogprob', 'ChatTokenLogprob', 'ChatLogprobs', 'ChatMessage',
+           'ChatChoice', 'ChatCompletionResponse', 'ModelCard', 'ModelList', 'lifespan', 'add_routes', 'model_limits',
+           'build_app', 'bind_socket', 'server_url', 'StoppingServer', 'uvicorn_server', 'ServerThread', 'run_server']
 
 # %% ../nbs/11_serve.ipynb #e9d32fbd
 import asyncio
@@ -54,9 +54,11 @@ from pydantic.json_schema import SkipJsonSchema
 from starlette.exceptions import HTTPException
 
 from .request import REPETITION_MAX, REPETITION_MIN, SAMPLING_EPS, TOP_K_ALL, Output, SamplingParams, StepOutput
-from .drafters import check_confidence
+from .config import EngineConfig, check_drafting_rules
+from .drafters import Drafter, ModelDrafter, NgramDrafter, check_confidence
 from .runner import prompt_logprobs
-from .engine import SpecDecoder, SpecMetrics
+from .engine import SpecDecoder
+from .roofline import SpecMetrics
 from .policy import KappaPolicy, StepCosts, measure_step_costs
 from .model import Llama, load_model, load_tokenizer
 
@@ -104,16 +106,18 @@ class Calibration:
                 f"{1e3 * c.draft_request_s:.2f} ms per drafting request; {where}; kappa chosen per step in "
                 f"0..{self.kappa_max}")
 
-def calibrate(target: Llama, drafter: Any, kappa_max: int, alpha: float = 0.5) -> Calibration:
-    "This machine's step costs for `target` and `drafter` (`measure_step_costs`): call it before building the engine."
+def calibrate(target: Llama, drafter: Any, kappa_max: int, alpha: float = 0.5, **sizes: Any) -> Calibration:
+    """This machine's step costs for `target` and `drafter` (`measure_step_costs`, sized by `sizes`: batch_sizes,
+    steps, prompt_len, fastest): call it before building the engine."""
     t0 = time.perf_counter()
-    costs = measure_step_costs(target, drafter, kappa_max)
+    costs = measure_step_costs(target, drafter, kappa_max, **sizes)
     return Calibration(costs, time.perf_counter() - t0, kappa_max, alpha)
 
 def auto_policy(target: Llama, drafter: Any, kappa_max: int,
-                on_calibration: Callable[[Calibration], Any] | None = None) -> KappaPolicy:
-    "Calibrate, tell `on_calibration` what was measured, and return the policy that plans each step with it."
-    cal = calibrate(target, drafter, kappa_max)
+                on_calibration: Callable[[Calibration], Any] | None = None,
+                calibration: dict | None = None) -> KappaPolicy:
+    "Calibrate (sized by `calibration`), tell `on_calibration` what was measured, and return the policy it plans with."
+    cal = calibrate(target, drafter, kappa_max, **(calibration or {}))
     if on_calibration is not None:
         on_calibration(cal)
     return KappaPolicy.adaptive(cal.costs, alpha_prior=cal.alpha)   # the calibrated costs, every step
@@ -123,14 +127,14 @@ def load_engine(target: str | Path, draft: str | Path | None = None, ngram: int 
                 kappa: int | str = "auto", *, kappa_max: int | None = None, min_confidence: float = 0.0,
                 max_num_seqs: int = 16, max_num_batched_tokens: int = 8192, seed: int = 0, device: str = "cpu",
                 dtype: str = "float32", on_calibration: Callable[[Calibration], Any] | None = None,
-                tree: dict | None = None) -> SpecDecoder:
+                tree: dict | None = None, calibration: dict | None = None) -> SpecDecoder:
     """A serving engine on checkpoint folders: a draft model, an EAGLE head (Chapter 12; `draft` a head's folder),
     n-gram lookup, or neither (plain decoding; also kappa 0). kappa "auto" (the default) calibrates this machine first
     (`on_calibration` gets the `Calibration`) and lets a `KappaPolicy` choose every step's kappa in 0..kappa_max; an
     int kappa drafts that many tokens every step. A draft model or head ends a request's run after a token it gave
     less than `min_confidence` (0: never). `tree` (SGLang's words: topk, num_steps, num_draft_tokens) drafts EAGLE-2
-    token trees instead (Chapter 14), with num_draft_tokens - 1 nodes verified per step and no kappa policy."""
-    from speclab.eagle import load_drafter
+    token trees instead (Chapter 14), with num_draft_tokens - 1 nodes verified per step and no kappa policy.
+    `calibration` sizes kappa "auto"'s measurement (`measure_step_costs`' batch_sizes, steps, prompt_len, fastest)."""
     if tree is not None:
         return tree_engine(target, draft, ngram, kappa, tree, min_confidence, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, seed=seed, device=device, dtype=dtype)
@@ -143,9 +147,26 @@ def load_engine(target: str | Path, draft: str | Path | None = None, ngram: int 
         raise ValueError("min_confidence needs a draft model or an EAGLE head: n-gram lookup has no probabilities")
     target_model = load_model(target, dt, device)
     drafter = None if plain else load_drafter(target_model, draft, ngram, dt, device, min_confidence)
-    policy = None if plain or kappa != "auto" else auto_policy(target_model, drafter, cap, on_calibration)
-    return SpecDecoder(target_model, drafter, load_tokenizer(target), kappa=0 if plain else cap, policy=policy,
-                       seed=seed, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+    auto = not plain and kappa == "auto"
+    policy = auto_policy(target_model, drafter, cap, on_calibration, calibration) if auto else None
+    config = EngineConfig(kappa=0 if plain else cap, seed=seed, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=max_num_batched_tokens)
+    return SpecDecoder(target_model, drafter, load_tokenizer(target), config, policy=policy)
+
+def load_drafter(target: Llama, draft: str | Path | None, ngram: int | None, dtype: torch.dtype,
+                 device: str | torch.device, min_confidence: float = 0.0) -> Drafter | None:
+    """The drafter for `target` that a folder or `ngram` names: n-gram lookup, an EAGLE head (a head's folder), a
+    draft model (a checkpoint folder), or None; a model or a head stops drafting below `min_confidence`.
+    `speclab generate`, `demo` and `serve` all build theirs here."""
+    from speclab.eagle import eagle_drafter, is_eagle_head
+    if ngram is not None:
+        return NgramDrafter(ngram)
+    if draft is None:
+        return None
+    if is_eagle_head(draft):
+        return eagle_drafter(target, draft, min_confidence=min_confidence)
+    model = load_model(draft, dtype, device)
+    return ModelDrafter(model, tokenizer=load_tokenizer(draft), min_confidence=min_confidence)
 
 # %% ../nbs/11_serve.ipynb #f4c8abd0
 TREE_KEYS = ("topk", "num_steps", "num_draft_tokens")   # SGLang's words for an EAGLE-2 tree (--speculative-...)
@@ -177,8 +198,7 @@ def tree_engine(target: str | Path, draft: str | Path | None, ngram: int | None,
     topk, num_steps, nodes, shape = check_tree(tree)
     if ngram is not None or draft is None:
         raise ValueError("a tree needs a draft model or an EAGLE head (draft): n-gram lookup drafts chains")
-    if kappa not in ("auto", nodes):
-        raise ValueError(f"kappa {kappa!r} and the tree's {nodes} nodes disagree")
+    check_drafting_rules(nodes if kappa == "auto" else kappa, trees=True, num_tree_nodes=nodes, policy=False)
     if min_confidence:
         raise ValueError("min_confidence stops a chain's run; a tree's node budget is fixed")
     dt = getattr(torch, dtype)
@@ -190,7 +210,7 @@ def tree_engine(target: str | Path, draft: str | Path | None, ngram: int | None,
         drafter = eagle_tree_drafter(target_model, draft, topk, num_steps)
     else:
         drafter = TreeDrafter(load_model(draft, dt, device), topk, num_steps, load_tokenizer(draft), shape)
-    return SpecDecoder(target_model, drafter, load_tokenizer(target), kappa=nodes, **engine)
+    return SpecDecoder(target_model, drafter, load_tokenizer(target), EngineConfig(kappa=nodes, **engine))
 
 # %% ../nbs/11_serve.ipynb #3233df71
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,

@@ -18,7 +18,8 @@ from speclab.drafters import ModelDrafter, NgramDrafter
 from speclab.engine import SpecDecoder
 from speclab.kvlab import check_invariants
 from speclab.sampling import NO_VALID_TOKEN_ID
-from speclab.eagle import EagleDrafter, load_drafter
+from speclab.eagle import EagleDrafter
+from speclab.serve import load_drafter
 from speclab.model import load_model, load_tokenizer
 from speclab.serve import bad_words_ids
 from speclab.train import tiny_pair_path

@@ -14,6 +14,8 @@ children) must be rejected by the same harness; its rejection is asserted at the
 The deterministic tests: greedy with trees is plain greedy decoding (the shipped pair, penalties included, whose
 history must be each node's own path), logprobs equal plain decoding's, and a seeded request ignores its batch.
 """
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -174,3 +176,57 @@ def test_seeded_tree_request_ignores_its_batch(shipped):
     others = [SamplingParams(temperature=1.0, max_tokens=16)] * 3
     mixed = SpecDecoder(target, TreeDrafter(draft), kappa=6, seed=5).generate(prompts, [seeded] + others)
     assert alone[0].token_ids == mixed[0].token_ids
+
+
+def test_the_api_refuses_what_the_cli_refuses():
+    """One rule set (Chapter 8a's check_drafting_rules) for the Python API and the command line: a kappa policy with a
+    tree, and a fixed shape whose node count is not kappa, are refused by SpecDecoder, load_engine and the CLI in the
+    same words, before any model loads (the CLI) or any pool is allocated (the engine)."""
+    from speclab.cli import UsageError, build_parser, tree_plan
+    from speclab.policy import KappaPolicy, StepCosts
+    from speclab.serve import load_engine
+    from speclab.testing import tiny_random_pair
+    target, draft = tiny_random_pair()
+    shape = "[(0,), (1,), (0, 0)]"
+    policy = KappaPolicy(StepCosts(verify_s=1e-3, verify_token_s=1e-4))
+    cases = [(lambda: SpecDecoder(target, TreeDrafter(draft), kappa=4, policy=policy),
+              ["--speculative-config", '{"topk": 2, "num_steps": 3, "num_draft_tokens": 7}', "--kappa", "auto"],
+              "no kappa policy for trees"),
+             (lambda: SpecDecoder(target, TreeDrafter(draft, token_tree=shape), kappa=7),
+              ["--speculative-config", f'{{"speculative_token_tree": "{shape}", "num_speculative_tokens": 7}}'],
+              "7 and the token tree's 3 nodes disagree")]
+    for api, argv, words in cases:
+        with pytest.raises(ValueError) as api_error:
+            api()
+        with pytest.raises(UsageError) as cli_error:
+            tree_plan(build_parser().parse_args(["serve", *argv]))
+        assert words in str(api_error.value) and str(api_error.value) in str(cli_error.value)
+    with pytest.raises(ValueError, match="3 nodes disagree"):
+        load_engine(tiny_pair_path("target"), tiny_pair_path("draft"), kappa=7,
+                    tree={"speculative_token_tree": shape})
+    eng = SpecDecoder(target, TreeDrafter(draft, token_tree=shape), kappa=3)      # the agreeing pair runs
+    assert eng.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4))[0].finish_reason == "length"
+
+
+def test_auto_calibration_fits_a_short_context():
+    """load_engine(kappa="auto") on a 64-position model: the calibration sizes itself to the context (fewer steps),
+    and the caller can size it (`calibration`); a size the context cannot hold names its remedy."""
+    import json
+    import shutil
+    import tempfile
+    from speclab.serve import load_engine
+    with tempfile.TemporaryDirectory() as tmp:
+        folders = {}
+        for name in ("target", "draft"):
+            folders[name] = Path(tmp) / name
+            shutil.copytree(tiny_pair_path(name), folders[name])
+            cfg = folders[name] / "config.json"
+            cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "max_position_embeddings": 64}))
+        seen = []
+        eng = load_engine(folders["target"], folders["draft"], on_calibration=seen.append,
+                          calibration=dict(batch_sizes=(1, 2)))
+        assert eng.config.context == 64 and len(seen) == 1
+        out = eng.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=8))[0]
+        assert out.finish_reason == "length"
+        with pytest.raises(ValueError, match="calibration=dict"):
+            load_engine(folders["target"], folders["draft"], calibration=dict(steps=40, batch_sizes=(1,)))

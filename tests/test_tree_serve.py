@@ -85,11 +85,11 @@ def parse(*argv):
      "drop num_speculative_tokens"),
     (["--speculative-config", '{"speculative_token_tree": "[(0,), (1,)]", "topk": 2}'], "fixes the tree: drop topk"),
     (["--speculative-config", '{"speculative_token_tree": "[(0,), (1,)]", "num_speculative_tokens": 3}'],
-     "num_speculative_tokens 3 and speculative_token_tree's 2 nodes disagree"),
+     r"kappa \(num_speculative_tokens\) 3 and the token tree's 2 nodes disagree"),
     (["--speculative-config", '{"speculative_token_tree": "[(0,), (2, 0)]"}'], "has no parent"),
     (["--speculative-eagle-topk", "2", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "7", "--kappa",
-      "auto"], "drop --kappa auto"),
-    (["--speculative-config", '{"speculative_token_tree": "[(0,), (1,)]", "kappa": "auto"}'], "drop --kappa auto"),
+      "auto"], "no kappa policy for trees"),
+    (["--speculative-config", '{"speculative_token_tree": "[(0,), (1,)]", "kappa": "auto"}'], "no kappa policy for trees"),
 ])
 def test_tree_flags_conflicts_are_named(argv, words):
     with pytest.raises(UsageError, match=words):
