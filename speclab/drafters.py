@@ -111,7 +111,7 @@ def draw_drafts(logits: torch.Tensor, batch: list[RequestState], greedy: bool, a
     "One draft token per row and the q row it was drawn from (one-hot for an argmax; None when no one reads q)."
     if rows is not None:                                   # q processed with the history at this draft position
         logits = process_logits(logits, rows)
-    logits = neutralize(logits, no_valid_rows(logits))     # an empty row: a draft the target's row discards
+        logits = neutralize(logits, no_valid_rows(logits))   # an empty row: a draft the target's row discards
     if all_greedy:                                         # the sampler's greedy path never reads q
         return logits.argmax(-1), None
     if greedy or all(r.params.greedy for r in batch):      # a point mass: skip the transforms

@@ -115,10 +115,10 @@ def sample_plain(logits: torch.Tensor, params: list[SamplingParams], generators:
     token left (the processors or the model gave every token -inf) gives NO_VALID_TOKEN_ID: its request ends there."""
     if rows is not None:
         logits = process_logits(logits, rows)
+    if all(p.greedy for p in params):                          # argmaxes only: no transforms, no generator touched;
+        best, tokens = logits.max(-1)                          # one pass gives the token and whether the row has one
+        return tokens.masked_fill(best == float("-inf"), NO_VALID_TOKEN_ID)
     no_valid = no_valid_rows(logits)
-    logits = neutralize(logits, no_valid)
-    if all(p.greedy for p in params):                          # argmaxes only: no transforms, no generator touched
-        tokens = logits.argmax(-1)
-    else:
-        tokens = draw_tokens(request_probs(logits, params), [p.greedy for p in params], generators, check=False)
+    tokens = draw_tokens(request_probs(neutralize(logits, no_valid), params), [p.greedy for p in params], generators,
+                         check=False)
     return tokens.masked_fill(no_valid, NO_VALID_TOKEN_ID)

@@ -571,7 +571,7 @@ NO_VALID_TOKEN_ID = -2  # the output slot where a request's processors left no t
 
 def no_valid_rows(logits: Tensor) -> Tensor:
     "Rows whose every logit is -inf: the processors left nothing to sample (vLLM's no_valid_token_mask; not NaN/+inf)."
-    return torch.isneginf(logits).all(-1)
+    return logits.amax(-1) == float("-inf")           # one pass (a NaN row's max is NaN: not counted)
 
 def neutralize(logits: Tensor, no_valid: Tensor) -> Tensor:
     "The rows marked in `no_valid` set to zeros, so that every kernel after can draw from them (a token to discard)."
@@ -894,9 +894,9 @@ def rejection_sampler(metadata: SpecDecodeIndices, logits: Tensor, draft_probs: 
         logits = process_logits(logits, rows)
         min_p = 0.0 if rows.min_p is None else rows.min_p
     no_valid = no_valid_rows(logits)               # every row of every step: the model's own -inf rows too
+    if not bool(no_valid.any()):                   # the usual step: every row has a token, nothing to cut
+        return _sample_step(ops, metadata, logits, draft_probs, sampling, min_p, backend)
     out = _sample_step(ops, metadata, neutralize(logits, no_valid), draft_probs, sampling, min_p, backend)
-    if not bool(no_valid.any()):                   # the usual step: nothing to cut
-        return out
     return cut_at_no_valid(out, no_valid, metadata.num_draft_tokens)
 
 def _sample_step(ops, metadata, logits, draft_probs, sampling, min_p, backend) -> Tensor:

@@ -84,8 +84,21 @@ def file_lines(path: Path) -> int:
     return code_lines(path.read_text().splitlines())
 
 
+def patched_class(node: ast.stmt) -> str | None:
+    "The class a `@patch`ed function joins (the annotation of its first argument, `self: Cls`), or None."
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or not node.args.args:
+        return None
+    if not any(ast.unparse(d) == "patch" for d in node.decorator_list):
+        return None
+    ann = node.args.args[0].annotation
+    return None if ann is None else ast.unparse(ann).strip("'\"")
+
+
 def node_names(node: ast.stmt) -> list[str]:
-    "The names a top-level statement defines: a def's or class's name, an assignment's plain targets."
+    """The names a top-level statement defines: a def's or class's name (`Cls.name` for a method added with
+    `@patch`, so that it counts with its class), an assignment's plain targets."""
+    if patched_class(node) is not None:
+        return [f"{patched_class(node)}.{node.name}"]
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return [node.name]
     if isinstance(node, ast.Assign):
@@ -115,8 +128,8 @@ def closure(defs: dict[str, ast.stmt], roots: tuple[str, ...], done: set[str] = 
         if name in taken or name in done or name not in defs:
             continue
         taken.append(name)
-        if follow:
-            todo += sorted(mentioned(defs[name]))
+        if follow:                                     # what it mentions, and a class's methods added by @patch
+            todo += sorted(mentioned(defs[name])) + sorted(k for k in defs if k.startswith(name + "."))
     return taken
 
 
