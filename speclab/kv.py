@@ -430,19 +430,23 @@ class PagedKV:
         return self.k.view(-1, *self.k.shape[2:])[idx], self.v.view(-1, *self.v.shape[2:])[idx]
 
 # %% ../nbs/06_kv.ipynb #d420d177
+def _slot_tensor(kv: PagedKV, name: str, slots: Sequence[int]) -> torch.Tensor:
+    "`slots` as an int64 tensor on the cache's device, checked in one pass: ints in [0, number of slots)."
+    num_slots = kv.k.shape[0] * kv.k.shape[1]
+    t = torch.as_tensor(list(slots)) if len(slots) else torch.zeros(0, dtype=torch.int64)
+    if t.dtype != torch.int64 or (len(t) and (int(t.min()) < 0 or int(t.max()) >= num_slots)):
+        bad = next(s for s in slots if not _is_int(s) or not 0 <= s < num_slots)
+        raise ValueError(f"{name} must hold int slots in [0, {num_slots}), got {bad!r}")
+    return t.to(kv.k.device)
+
 @patch
 def move_slots(self: PagedKV, src_slots: Sequence[int], dst_slots: Sequence[int]) -> None:
     """Copy the K and V rows at the flat slots `src_slots` to the slots `dst_slots`, pairwise; every source row is
     gathered before any destination is written, so overlapping moves are safe."""
-    num_slots = self.k.shape[0] * self.k.shape[1]
     if len(src_slots) != len(dst_slots):
         raise ValueError(f"src_slots and dst_slots must have equal length, got {len(src_slots)} and {len(dst_slots)}")
-    for name, slots in (("src_slots", src_slots), ("dst_slots", dst_slots)):
-        bad = [s for s in slots if not _is_int(s) or not 0 <= s < num_slots]
-        if bad:
-            raise ValueError(f"{name} must hold int slots in [0, {num_slots}), got {bad[0]!r}")
-    src = torch.as_tensor(list(src_slots), dtype=torch.int64, device=self.k.device)
-    dst = torch.as_tensor(list(dst_slots), dtype=torch.int64, device=self.k.device)
+    src = _slot_tensor(self, "src_slots", src_slots)
+    dst = _slot_tensor(self, "dst_slots", dst_slots)
     for cache in (self.k, self.v):
         flat = cache.view(-1, *cache.shape[2:])
         flat[dst] = flat[src].clone()  # gather everything, then scatter
