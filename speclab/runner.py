@@ -15,7 +15,7 @@ from .patching import patch
 from .config import EngineConfig
 from .drafters import Drafter, Proposal
 from .metadata import SpecDecodeMetadata
-from .model import KVCache, Llama, forward, forward_paged, long_tensor, paged_batch, paged_cache
+from .model import KVCache, Llama, PagedBatch, forward, forward_paged, long_tensor, paged_batch, paged_cache
 from .processors import batch_processors, sample_plain
 from .request import RequestState
 from .sampling import NO_VALID_TOKEN_ID, PLACEHOLDER_TOKEN_ID, SamplingMetadata
@@ -66,7 +66,7 @@ class ModelRunner:
             computed[i] = n
         return none._replace(num_draft_computed=computed)
 
-    def forward(self, pb, logits_indices: torch.Tensor) -> torch.Tensor:
+    def forward(self, pb: PagedBatch, logits_indices: torch.Tensor) -> torch.Tensor:
         "The target's forward over a step's batch: the drafter's `forward_target` (it may keep features), or plain."
         if self.drafter is None:
             return forward_paged(self.target, self.cache, pb, logits_indices, check=False)
