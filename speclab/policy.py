@@ -158,7 +158,8 @@ class KappaPolicy:
     def choose(self, step: StepView) -> list[int]:
         """Each request's kappa (at most its cap), from the step's frozen view alone. A seeded request drafts its cap
         whatever the batch and the costs (`seeded_kappas`); the others are planned around it."""
-        batch, caps, num_context = step.requests, step.caps, step.num_context
+        batch, caps = step.requests, step.caps
+        num_context = min(step.num_context, len(batch))   # prompt positions are paid whatever the plan (see below)
         alphas = [live_alpha(r, self.alpha_prior, self.prior_strength, self.optimism) for r in batch]
         fixed = seeded_kappas(step)
         free = [0 if i in fixed else c for i, c in enumerate(caps)]
