@@ -229,17 +229,18 @@ STOP_BELOW = 0.3                  # the stopping rule in the adaptive tests: a d
 
 
 def adaptive_costs(batch) -> StepCosts:
-    """Costs under which the policy's choice varies: a fixed part as large as one position per request, so that while
-    the batch is full drafting pays only for requests whose live alpha is high, and for more as it shrinks (requests
-    leave after three tokens). Synthetic: the law cannot depend on them, only the choices do."""
-    return StepCosts(verify_s=1e-4 * len(batch), verify_token_s=1e-4, draft_s=0.05, draft_request_s=1e-5)
+    """Costs under which the policy's choice varies: a fixed part worth five positions per request of the full batch,
+    so that two drafts pay while it is full and fewer as it drains and its requests' caps shrink; the exploring steps
+    (a tenth, from each call's own generator) plan plain. Synthetic: the law cannot depend on them, only the choices
+    do."""
+    return StepCosts(verify_s=1e-4 * len(batch), verify_token_s=2e-5, draft_s=0.005, draft_request_s=1e-5)
 
 
 class RecordingPolicy(KappaPolicy):
     """The adaptive policy (optimistic, as `KappaPolicy.adaptive`, and exploring), recording every kappa it chooses
     into `chosen` (a Counter the test owns)."""
-    def __init__(self, costs, chosen):
-        super().__init__(costs, alpha_prior=0.5, explore=0.1, optimism=1.0)   # a tenth of the steps explore, too
+    def __init__(self, costs, chosen, seed=0):
+        super().__init__(costs, alpha_prior=0.5, explore=0.1, optimism=1.0, seed=seed)   # a tenth of the steps explore
         object.__setattr__(self, "chosen", chosen)
 
     def choose(self, step):
@@ -280,7 +281,7 @@ def adaptive_counts(peek, sizes):
     counts, drafted = run_law(5, sizes, tuple(GROUPS), lambda call, batch: SpecDecoder(
         pair()[0], make(pair()[1], min_confidence=STOP_BELOW), kappa=5, max_num_seqs=len(batch), max_num_batched_tokens=2 ** 20,
         num_blocks=pool_size(5, batch), seed=engine_seed("adaptive", peek, sizes, call),
-        policy=RecordingPolicy(adaptive_costs(batch), chosen)))
+        policy=RecordingPolicy(adaptive_costs(batch), chosen, seed=call)))
     return counts, drafted, chosen
 
 
