@@ -50,29 +50,8 @@ CONFIGS = {"plain": {"kappa": 0}, "chain": {"kappa": 3}, "tree": {"tree": TREE},
 PARTS = ("total", "forwards", "verify", "rest")
 
 
-# kappa "auto" with fixed step costs, so that its kappas do not follow one process's calibration.
-FIXED_COSTS = {"verify_s": 0.0058, "verify_token_s": 0.0004, "draft_s": 0.001, "draft_request_s": 0.0,
-               "spec_s": 0.0026}              # a calibration of the shipped pair on the 2-core AMD EPYC, rounded
-fixed_calls = [0]
-
-
-def fix_calibration() -> bool:
-    """Make `--kappa auto`'s calibration return StepCosts(**FIXED_COSTS) instead of measuring: `measure_step_costs`
-    replaced in every loaded speclab module that holds it (wherever a split puts it). Whether it could."""
-    import speclab.engine
-    import speclab.serve  # noqa: F401  (load_engine's module, and what it imports)
-    mods = [m for n, m in sorted(sys.modules.items()) if n == "speclab" or n.startswith("speclab.")]
-    cls = next((m.StepCosts for m in mods if isinstance(getattr(m, "StepCosts", None), type)), None)
-    if cls is None:
-        return False
-
-    def measure_step_costs(*args, **kwargs):
-        fixed_calls[0] += 1
-        return cls(**FIXED_COSTS)
-    hits = [m for m in mods if callable(getattr(m, "measure_step_costs", None))]
-    for m in hits:
-        m.measure_step_costs = measure_step_costs
-    return bool(hits)
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # the walk's fixed calibration, shared
+from engine_walk import FIXED_COSTS, fix_calibration, fixed_calls  # noqa: E402
 
 
 def bench_env():
