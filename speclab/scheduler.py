@@ -31,6 +31,7 @@ class StepPlan:
     steps: list                        # per request: Chapter 6's Step (positions and slots, lookahead included)
     num_preempted: int = 0             # requests sent back to the queue to make room
     num_context: int = 0               # positions the step computes besides drafts (the policy's N before drafting)
+    draft_lags: list | None = None     # per request: its tokens the draft had not computed when the step began
 
     def first_positions(self) -> list[int]:
         "Per request: the first position the step computes (its computed count when the step began)."
@@ -41,11 +42,13 @@ class StepPlan:
         return StepPlan([self.requests[i] for i in rows], [self.kappas[i] for i in rows], [self.steps[i] for i in rows])
 
 class StepTime(NamedTuple):
-    "One step as the cost model sees it: target positions, requests that drafted, the most drafts, seconds."
+    """One step as the cost model sees it: target positions, requests that drafted, the most drafts, seconds, and the
+    positions the draft computed to catch up (its requests' tokens it had not seen: more after plain steps)."""
     num_positions: int
     num_drafting: int
     kappa: int
     seconds: float
+    num_draft_fed: int = 0
 
 class StepResult(NamedTuple):
     "What the runner's verify gives the scheduler's update."
@@ -112,7 +115,6 @@ class Scheduler:
         self.running = {}              # req_id -> RequestState, oldest admission first
         self.num_preemptions = 0
         self.num_cached_tokens = 0     # prompt tokens admitted requests found in the prefix cache
-        self.last_drafted = False      # whether the latest step drafted (for `observe`)
 
     def lookahead(self, r: RequestState) -> int:
         "The most drafts r may get this step (the slots to reserve): its kappa cap, its tokens and context left."
@@ -228,17 +230,20 @@ def schedule(self: Scheduler) -> StepPlan:
     if self.policy is not None and any(kappas):            # the caps, then the costs decide, from a frozen view
         view = step_view(batch, kappas, num_context)
         kappas = check_policy_kappas(self.policy.choose(view), view)
-    return StepPlan(batch, kappas, plan, preempted, num_context)
+    lags = [len(r.token_ids) - r.num_draft_computed for r in batch]
+    return StepPlan(batch, kappas, plan, preempted, num_context, lags)
 
 @patch
 def observe(self: Scheduler, plan: StepPlan, proposal: Proposal, seconds: float) -> StepTime:
-    """What the step verified and drafted, and how long it took. The policy (if any) learns from steady decode
-    steps only: one context position per request, and of the same kind as the step before (page 8g)."""
+    """What the step verified and drafted, how long it took, and what its drafter caught up (a drafting request's
+    lag: its tokens since the draft last ran). The policy (if any) learns from decode steps only: one context
+    position per request (a prompt's positions are paid whatever the plan; page 8g)."""
     drafted = [len(d) for d in proposal.drafts]
-    shape = StepTime(plan.num_context + sum(drafted), sum(n > 0 for n in drafted), max(drafted, default=0), seconds)
-    steady = plan.num_context == len(plan.requests) and (shape.kappa > 0) == self.last_drafted
-    self.last_drafted = shape.kappa > 0
-    if self.policy is not None and steady:
+    lags = plan.draft_lags if proposal.num_draft_computed is not None and plan.draft_lags else [0] * len(drafted)
+    fed = sum(lag for lag, n in zip(lags, drafted) if n)
+    num_drafting, kappa = sum(n > 0 for n in drafted), max(drafted, default=0)
+    shape = StepTime(plan.num_context + sum(drafted), num_drafting, kappa, seconds, fed)
+    if self.policy is not None and plan.num_context == len(plan.requests):
         self.policy.observe(shape)
     return shape
 

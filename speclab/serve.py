@@ -59,7 +59,7 @@ from .drafters import Drafter, ModelDrafter, NgramDrafter, check_confidence
 from .runner import prompt_logprobs
 from .engine import SpecDecoder
 from .roofline import SpecMetrics
-from .policy import KappaPolicy, StepCosts, measure_step_costs
+from .policy import KappaPolicy, StepCosts, calibration_fit_steps, calibration_problem, fit_step_costs
 from .model import Llama, load_model, load_tokenizer
 
 _log = logging.getLogger("speclab.serve")
@@ -84,11 +84,13 @@ def kappa_cap(kappa: int | str, kappa_max: int | None = None) -> int:
 @dataclass(frozen=True)
 class Calibration:
     """What kappa "auto" measured before the serving engine was built: this machine's step costs, the seconds the
-    measurement took, and the range the policy chooses kappa in; the crossing is quoted at the policy's prior alpha."""
+    measurement took, the range the policy chooses kappa in, and why the costs were refused (None: they were not;
+    see `calibration_problem`); the crossing is quoted at the policy's prior alpha."""
     costs: StepCosts
     seconds: float
     kappa_max: int
     alpha: float = 0.5
+    problem: str | None = None
 
     @property
     def crossing(self) -> int | None:
@@ -98,29 +100,35 @@ class Calibration:
     def describe(self) -> str:
         "One readable line: what a step costs here, where speculation stops paying, the range kappa is chosen in."
         c, b, a = self.costs, self.crossing, f"alpha {self.alpha:g}"
+        if self.problem is not None:
+            return (f"calibrated in {self.seconds:.1f} s and refused: {self.problem}; kappa chosen per step in "
+                    f"0..{self.kappa_max} from costs learned from the engine's own steps")
         where = (f"speculation pays at every batch up to 4096 ({a}): no crossing found" if b is None else
                  f"speculation does not pay even at batch 1 ({a})" if b == 1 else
                  f"speculation stops paying at batch ~{b} ({a})")
         return (f"calibrated in {self.seconds:.1f} s: a step verifies in {1e3 * c.verify_s:.1f} ms + "
                 f"{1e3 * c.verify_token_s:.2f} ms per position; a draft forward costs {1e3 * c.draft_s:.1f} ms + "
                 f"{1e3 * c.draft_request_s:.2f} ms per drafting request; {where}; kappa chosen per step in "
-                f"0..{self.kappa_max}")
+                f"0..{self.kappa_max}, the costs refitted from every step")
 
 def calibrate(target: Llama, drafter: Any, kappa_max: int, alpha: float = 0.5, **sizes: Any) -> Calibration:
-    """This machine's step costs for `target` and `drafter` (`measure_step_costs`, sized by `sizes`: batch_sizes,
-    steps, prompt_len, fastest): call it before building the engine."""
+    """This machine's step costs for `target` and `drafter` (`calibration_fit_steps`, sized by `sizes`: batch_sizes,
+    steps, prompt_len, fastest, budget_s), with `calibration_problem`'s verdict on them: call it before building the
+    engine."""
     t0 = time.perf_counter()
-    costs = measure_step_costs(target, drafter, kappa_max, **sizes)
-    return Calibration(costs, time.perf_counter() - t0, kappa_max, alpha)
+    steps = calibration_fit_steps(target, drafter, kappa_max, **sizes)
+    costs = fit_step_costs(steps)
+    return Calibration(costs, time.perf_counter() - t0, kappa_max, alpha, calibration_problem(costs, steps, drafter))
 
 def auto_policy(target: Llama, drafter: Any, kappa_max: int,
                 on_calibration: Callable[[Calibration], Any] | None = None,
                 calibration: dict | None = None) -> KappaPolicy:
-    "Calibrate (sized by `calibration`), tell `on_calibration` what was measured, and return the policy it plans with."
+    """Calibrate (sized by `calibration`), tell `on_calibration` what was measured, and return the policy: it starts
+    from the calibrated costs and refits them from every decode step, exploring too when they were refused."""
     cal = calibrate(target, drafter, kappa_max, **(calibration or {}))
     if on_calibration is not None:
         on_calibration(cal)
-    return KappaPolicy.adaptive(cal.costs, alpha_prior=cal.alpha)   # the calibrated costs, every step
+    return KappaPolicy.adaptive(cal.costs, alpha_prior=cal.alpha, trusted=cal.problem is None)
 
 # %% ../nbs/11_serve.ipynb #98373911
 def load_engine(target: str | Path, draft: str | Path | None = None, ngram: int | None = None,
@@ -134,7 +142,7 @@ def load_engine(target: str | Path, draft: str | Path | None = None, ngram: int 
     int kappa drafts that many tokens every step. A draft model or head ends a request's run after a token it gave
     less than `min_confidence` (0: never). `tree` (SGLang's words: topk, num_steps, num_draft_tokens) drafts EAGLE-2
     token trees instead (Chapter 14), with num_draft_tokens - 1 nodes verified per step and no kappa policy.
-    `calibration` sizes kappa "auto"'s measurement (`measure_step_costs`' batch_sizes, steps, prompt_len, fastest)."""
+    `calibration` sizes kappa "auto"'s measurement (`calibration_fit_steps`' sizes)."""
     if tree is not None:
         return tree_engine(target, draft, ngram, kappa, tree, min_confidence, max_num_seqs=max_num_seqs,
                            max_num_batched_tokens=max_num_batched_tokens, seed=seed, device=device, dtype=dtype)
