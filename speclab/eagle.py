@@ -8,12 +8,13 @@ __all__ = ['HEAD_ARCH', 'EAGLE3_ARCHS', 'EAGLE_NAMES', 'eagle3_layers', 'last_la
            'train_head', 'heldout_agreement', 'save_head', 'load_head', 'eagle_path', 'is_eagle_head',
            'eagle3_default_layers', 'eagle3_layout', 'Eagle3Head', 'eagle3_hidden', 'eagle3_target_ids',
            'eagle3_logits', 'step_hidden', 'step_logits', 'eagle3_config', 'eagle3_weights_file', 'eagle3_check',
-           'eagle3_map', 'check_eagle3', 'load_eagle3', 'is_eagle3', 'write_eagle3', 'capture_paged', 'draft_dtype',
-           'cast_head', 'EagleDrafter', 'head_step_seconds', 'eagle_drafter', 'sweep_eagle', 'main']
+           'eagle3_map', 'check_eagle3', 'load_eagle3', 'is_eagle3', 'write_eagle3', 'capture_paged', 'half_is_faster',
+           'draft_dtype', 'cast_head', 'EagleDrafter', 'head_step_seconds', 'eagle_drafter', 'sweep_eagle', 'main']
 
 # %% ../nbs/12_eagle.ipynb #bf971328
 import argparse
 import copy
+import functools
 import json
 import sys
 import time
@@ -544,10 +545,28 @@ def capture_paged(target: Llama, cache: list[PagedKV], batch: PagedBatch, layers
     return target.model.norm(x) @ target.head_weight.T, features
 
 # %% ../nbs/12_eagle.ipynb #e12half2
+@functools.cache
+def half_is_faster(vocab_size: int, hidden_size: int) -> bool:
+    """Whether this CPU multiplies rows by a [vocab_size, hidden_size] LM head faster in float16 than in float32, at
+    one row and at sixteen (the fastest of 20 tight-loop products each; measured once per shape and process)."""
+    def fastest_s(dtype: torch.dtype, rows: int) -> float:
+        x, w = torch.randn(rows, hidden_size, dtype=dtype), torch.randn(vocab_size, hidden_size, dtype=dtype)
+        times = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            x @ w.T
+            times.append(time.perf_counter() - t0)
+        return min(times)
+    return all(fastest_s(torch.float16, rows) < fastest_s(torch.float32, rows) for rows in (1, 16))
+
 def draft_dtype(target: Llama) -> torch.dtype:
-    "The dtype a head drafts in by default: float16 for a float32 target on the CPU (half the bytes), else its own."
+    """The dtype a head drafts in by default: for a float32 target on the CPU, float16 where this CPU's float16
+    products are the faster (`half_is_faster`), else float32; on any other device or dtype, the target's own."""
     w = target.head_weight
-    return torch.float16 if w.dtype == torch.float32 and w.device.type == "cpu" else w.dtype
+    if w.dtype != torch.float32 or w.device.type != "cpu":
+        return w.dtype
+    return torch.float16 if half_is_faster(*w.shape) else torch.float32
+
 
 def cast_head(head: EagleHead | Eagle3Head, target: Llama, dtype: torch.dtype) -> tuple[Any, Any]:
     """The head and what it reads of the target (embedding, final norm, LM head) in dtype: copies, or both as they are
@@ -559,7 +578,6 @@ def cast_head(head: EagleHead | Eagle3Head, target: Llama, dtype: torch.dtype) -
     embed = nn.Embedding.from_pretrained(w if table is target.head_weight else table.detach().to(dtype))
     model = SimpleNamespace(embed_tokens=embed, norm=copy.deepcopy(target.model.norm).to(dtype))
     return copy.deepcopy(head).to(dtype), SimpleNamespace(model=model, head_weight=w)
-
 
 # %% ../nbs/12_eagle.ipynb #3265ac31
 class EagleDrafter(ChainDrafter):
