@@ -40,11 +40,14 @@ class ModelRunner:
 
     def draft(self, plan: StepPlan, catch_up: bool) -> Proposal:
         """Stage 2: the drafter's tokens and q rows. A drafter with a cache catches it up first; in a step where no
-        one drafts it catches up only requests still on their prompt (when `catch_up`: their blocks reach the prefix
-        cache now), or all of them under a sliding window (old positions leave the pool); the rest wait."""
+        one drafts it catches up only requests still on their prompt (when `catch_up` and other requests reuse the
+        draft's K/V of a cached prefix: their blocks reach the prefix cache now), or all of them under a sliding window
+        (old positions leave the pool); the rest wait, and pay their catch-up only if they draft again."""
         drafter = self.drafter
         none = Proposal([[] for _ in plan.requests])
-        if drafter is None or not (any(plan.kappas) or catch_up and drafter.has_cache):
+        publish = catch_up and drafter is not None and drafter.has_cache
+        publish = publish and (drafter.reuses_prefix_kv or self.config.sliding_window is not None)
+        if drafter is None or not (any(plan.kappas) or publish):
             return none
         if not any(plan.kappas) and self.config.sliding_window is None:
             return self._catch_up(plan, none)

@@ -79,7 +79,7 @@ class Recompute(EagleDrafter):
 class Recording(Drafter):
     "Wraps a drafter and records every step's drafts per request id (its capabilities are the inner drafter's)."
     def __init__(self, inner):
-        self.inner, self.drafts = inner, {}
+        self.inner, self.drafts, self.calls = inner, {}, 0
         self.uses_probs, self.vocab_size, self.tokenizer = inner.uses_probs, inner.vocab_size, None
         self.reuses_prefix_kv, self.has_cache = inner.reuses_prefix_kv, inner.has_cache
 
@@ -90,6 +90,7 @@ class Recording(Drafter):
         return self.inner.forward_target(*a)
 
     def propose(self, plan):
+        self.calls += 1
         proposal = self.inner.propose(plan)
         for r, d in zip(plan.requests, proposal.drafts):
             self.drafts.setdefault(r.req_id, []).append(tuple(d))
@@ -194,6 +195,38 @@ def test_preemption_recomputes_the_features():
     assert eng.scheduler_stats().num_preemptions > 0
     assert outs == plain == ref_outs
     assert drafts == ref_drafts
+
+
+class PlainThenDraft:
+    "A kappa policy: every request decodes plainly for its first `plain` steps, then drafts its cap."
+    def __init__(self, plain):
+        self.plain = plain
+
+    def choose(self, step):
+        return [c if r.num_output_tokens >= self.plain else 0 for r, c in zip(step.requests, step.caps)]
+
+    def observe(self, step):
+        pass
+
+
+def test_plain_steps_leave_the_head_alone_until_a_request_drafts():
+    """While every step is plain, an EAGLE engine runs no head forward, even over the prompts (the head recomputes a
+    cached prefix's K/V anyway, so there is nothing to publish). When requests start drafting (from their fifth
+    token), the first drafting step catches up everything the head skipped: every draft equals that of a drafter
+    that recomputes the head from position 0 each step, and output equals plain greedy decoding."""
+    prompts, max_tokens, plain = greedy_case(64)
+    never = Recording(eagle(64))
+    eng = SpecDecoder(pair(64)[0], never, kappa=3, seed=0, policy=PlainThenDraft(1000))
+    outs = eng.generate(prompts, [SamplingParams(temperature=0, max_tokens=m) for m in max_tokens])
+    assert [o.token_ids for o in outs] == plain and never.calls == 0 and eng.metrics.num_draft_tokens == 0
+    runs = {}
+    for cls in (EagleDrafter, Recompute):
+        rec = Recording(eagle(64, cls))
+        eng = SpecDecoder(pair(64)[0], rec, kappa=3, seed=0, policy=PlainThenDraft(4))
+        outs = eng.generate(prompts, [SamplingParams(temperature=0, max_tokens=m) for m in max_tokens])
+        runs[cls.__name__] = ([o.token_ids for o in outs], rec.drafts, eng.metrics.num_draft_tokens)
+    assert runs["EagleDrafter"] == runs["Recompute"] and runs["EagleDrafter"][0] == plain
+    assert runs["EagleDrafter"][2] > 0
 
 
 def test_half_precision_head_is_exact_and_rolls_back():

@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
     ratio = {name: {c: m[f"{name}/auto"] / best[c][name] for c, m in med.items()} for name in a.drafters}
     static = {name: {c: m[f"{name}/static"] / best[c][name] for c, m in med.items()} for name in a.drafters} \
         if a.static else None
-    learned = {c: {name: dataclasses.asdict(eng.policy.costs) for name, eng in engs.items() if name.endswith("auto")}
+    learned = {c: {name: dataclasses.asdict(eng.scheduler.policy.costs) for name, eng in engs.items() if name.endswith("auto")}
                for c, engs in grid.items()}
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
            platform.machine(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "load": loads,

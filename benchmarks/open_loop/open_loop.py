@@ -1,0 +1,305 @@
+"""Open-loop traffic against `speclab serve` and vLLM-CPU, measured by vLLM's own load tool (`vllm bench serve`).
+
+    .venv/bin/python benchmarks/open_loop/open_loop.py                 # the full run: about 40 minutes on 2 cores
+    .venv/bin/python benchmarks/open_loop/open_loop.py --quick         # a smoke run: 2 servers, 2 rates, 12 requests
+
+Traffic. Requests arrive as a Poisson process at rates from a tenth of plain decoding's capacity to past it (the
+capacity is measured first: `speclab serve` without a drafter, every request sent at once, its request throughput),
+and in one bursty trace: a quiet stream at 0.2 of capacity for `--burst-seconds` x 3, and in its middle third a burst
+at twice capacity, sent by a second client. Prompts and lengths come from the shipped pair's held-out code
+(`speclab.train.shipped_heldout_ids`), cut at seeded points: a prompt is the 16..192 tokens before the cut, its
+completion runs to the end of the block (the next blank line), 8..160 tokens; each request generates exactly its
+completion's length (ignore_eos), greedy.
+
+Servers, one at a time, the same flags as `vllm_peer.py` (fp32, 16 sequences, seed 0): speclab plain (`--draft
+none`), speclab at a fixed kappa (`--ngram 3 --kappa K`), speclab auto (`--ngram 3`, its defaults: kappa chosen in 0..4), vLLM plain,
+vLLM n-gram at kappa K. The load tool is vLLM's `vllm.benchmarks.serve` (what `vllm bench serve` runs; its console
+script fails in the `vllm-cpu` venv, which names its distribution differently), run in vLLM's venv, with
+`--dataset-name custom`, `--request-rate R` (burstiness 1: Poisson), `--goodput tpot:SLO`.
+
+Reported per server and rate: output tokens/s, TTFT and TPOT at p50 and p99, and goodput (requests/s whose TPOT meets
+`--tpot-slo-ms`). Writes OUT.json (everything, with the tool's version and the machine), OUT.md (the tables, and the
+goals checked: auto's goodput >= max(plain, fixed) - 3% at every rate, auto's p99 TPOT <= plain's wherever plain
+keeps up, and the same against vLLM's best) and OUT.png. Progress is printed as it goes; no timing is asserted.
+"""
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+import vllm_env  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+NGRAM_MAX = 3
+SHIM = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+        "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); add_cli_args(p); "
+        "main(p.parse_args(sys.argv[1:]))")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    "The command line."
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fractions", type=float, nargs="+", default=[0.1, 0.25, 0.5, 0.75, 1.0, 1.5],
+                    help="Poisson rates as fractions of plain decoding's measured capacity")
+    ap.add_argument("--seconds", type=float, default=30.0, help="arrivals per rate: about this many seconds' worth")
+    ap.add_argument("--min-requests", type=int, default=24, help="at least this many requests per rate")
+    ap.add_argument("--burst-seconds", type=float, default=15.0, help="each third of the bursty trace (seconds)")
+    ap.add_argument("--kappa", type=int, default=3, help="the fixed kappa of speclab and vLLM (default 3)")
+    ap.add_argument("--tpot-slo-ms", type=float, default=25.0, help="goodput's objective: TPOT at most this (ms)")
+    ap.add_argument("--servers", nargs="+", default=["speclab-plain", "speclab-fixed", "speclab-auto", "vllm-plain",
+                                                     "vllm-ngram"], help="which servers, in this order")
+    ap.add_argument("--quick", action="store_true", help="smoke run: speclab plain and auto, 2 rates, 12 requests")
+    ap.add_argument("--out", default=str(HERE / "open_loop"), help="OUT of OUT.json, OUT.md, OUT.png")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.fractions, a.seconds, a.min_requests, a.burst_seconds = [0.25, 1.0], 4.0, 12, 4.0
+        a.servers = ["speclab-plain", "speclab-auto"]
+    if a.servers[0] != "speclab-plain":
+        ap.error("the first server must be speclab-plain: its capacity sets the rates")
+    if min(a.fractions) <= 0 or a.seconds <= 0 or a.min_requests < 2 or a.kappa < 1:
+        ap.error("--fractions and --seconds must be > 0, --min-requests >= 2, --kappa >= 1")
+    return a
+
+
+def write_dataset(path: Path, n: int = 1000, seed: int = 0) -> dict:
+    "Held-out code completions as vLLM's custom dataset (JSONL of prompt, output_tokens); their length statistics."
+    import torch
+    from speclab.model import load_tokenizer
+    from speclab.train import shipped_heldout_ids, tiny_pair_path
+    tok = load_tokenizer(tiny_pair_path("target"))
+    ids = shipped_heldout_ids().tolist()
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    while len(rows) < n:
+        cut = int(torch.randint(192, len(ids) - 200, (1,), generator=g))
+        before = int(torch.randint(16, 193, (1,), generator=g))
+        rest = tok.decode(ids[cut:cut + 200])
+        end = rest.find("\n\n")
+        completion = rest if end < 0 else rest[:end + 1]
+        out = min(160, max(8, len(tok.encode(completion, add_special_tokens=False))))
+        rows.append({"prompt": tok.decode(ids[cut - before:cut]), "output_tokens": out})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    outs = sorted(r["output_tokens"] for r in rows)
+    return {"requests": n, "output_tokens": {"p10": outs[n // 10], "p50": outs[n // 2], "p90": outs[9 * n // 10],
+                                             "mean": sum(outs) / n}, "prompt_tokens": "16..192 (uniform)"}
+
+
+def server(name: str, kappa: int, log_dir: Path, python: Path):
+    "The context manager that runs one server (its URL on entering)."
+    common = ["--max-num-seqs", "16", "--seed", "0"]
+    if name == "speclab-plain":
+        return vllm_env.speclab_server("--draft", "none", *common, log=log_dir / f"{name}.log")
+    if name == "speclab-fixed":
+        return vllm_env.speclab_server("--ngram", str(NGRAM_MAX), "--kappa", str(kappa), *common,
+                                       log=log_dir / f"{name}.log")
+    if name == "speclab-auto":
+        return vllm_env.speclab_server("--ngram", str(NGRAM_MAX), *common, log=log_dir / f"{name}.log")
+    config = None if name == "vllm-plain" else {"method": "ngram", "num_speculative_tokens": kappa,
+                                                "prompt_lookup_min": 1, "prompt_lookup_max": NGRAM_MAX}
+    return vllm_env.vllm_server(vllm_env.TARGET, config, python=python, max_num_seqs=16, log=log_dir / f"{name}.log")
+
+
+def model_id(url: str) -> str:
+    "The one model a server serves (its /v1/models)."
+    with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as r:
+        return json.load(r)["data"][0]["id"]
+
+
+def bench(python: Path, url: str, model: str, dataset: Path, num: int, rate: float, seed: int, slo_ms: float,
+          out_dir: Path, label: str, delay: float = 0.0) -> subprocess.Popen:
+    "Start one `vllm bench serve` client (after `delay` seconds); its result lands in out_dir/label.json."
+    args = ["--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
+            "--tokenizer", str(vllm_env.TARGET), "--dataset-name", "custom", "--dataset-path", str(dataset),
+            "--skip-chat-template", "--custom-output-len", "-1", "--num-prompts", str(num),
+            "--request-rate", "inf" if math.isinf(rate) else f"{rate:.4f}", "--seed", str(seed), "--ignore-eos",
+            "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+            "--goodput", f"tpot:{slo_ms}", "--save-result", "--save-detailed", "--result-dir", str(out_dir),
+            "--result-filename", f"{label}.json", "--disable-tqdm", "--label", label]
+    cmd = [str(python), "-c", f"import time; time.sleep({delay}); " + SHIM, *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=vllm_env.vllm_environ(python))
+
+
+def finish(proc: subprocess.Popen, out_dir: Path, label: str) -> dict:
+    "Wait for a client; its summary (the tool's own fields), or the tail of its output as an error."
+    output, _ = proc.communicate()
+    path = out_dir / f"{label}.json"
+    if proc.returncode != 0 or not path.exists():
+        raise RuntimeError(f"vllm bench serve ({label}) exited {proc.returncode}:\n{output[-3000:]}")
+    r = json.loads(path.read_text())
+    keep = ["duration", "completed", "failed", "request_throughput", "request_goodput", "output_throughput",
+            "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms",
+            "max_concurrent_requests"]
+    summary = {k: r.get(k) for k in keep}
+    summary["start_times"], summary["ttfts"], summary["output_lens"] = r.get("start_times"), r.get("ttfts"), \
+        r.get("output_lens")
+    summary["tpots"] = [(lat - t) / (n - 1) if n > 1 and t is not None else None for lat, t, n in
+                        zip(r.get("latencies", []), r.get("ttfts", []), r.get("output_lens", []))]
+    return summary
+
+
+def run_server(name: str, a: argparse.Namespace, rates: list, python: Path, dataset: Path, work: Path) -> dict:
+    "Every rate and the bursty trace against one server."
+    out = {"rates": {}, "burst": None}
+    with server(name, a.kappa, work, python) as url:
+        model = model_id(url)
+        finish(bench(python, url, model, dataset, 8, math.inf, 99, a.tpot_slo_ms, work, f"{name}-warm"), work,
+               f"{name}-warm")
+        for i, rate in enumerate(rates, 1):
+            num = max(a.min_requests, round(rate * a.seconds))
+            label = f"{name}-rate{i}"
+            t0 = time.time()
+            r = finish(bench(python, url, model, dataset, num, rate, 0, a.tpot_slo_ms, work, label), work, label)
+            out["rates"][f"{rate:.4f}"] = r
+            print(f"  [{name}] rate {rate:.2f} req/s ({i}/{len(rates)}, {num} requests, {time.time() - t0:.0f} s): "
+                  f"{r['output_throughput']:.0f} tok/s, TPOT p50/p99 {r['median_tpot_ms']:.1f}/{r['p99_tpot_ms']:.1f}"
+                  f" ms, TTFT p99 {r['p99_ttft_ms']:.0f} ms, goodput {r['request_goodput']:.2f} req/s", flush=True)
+        out["burst"] = run_burst(name, a, rates, python, url, model, dataset, work)
+    return out
+
+
+def run_burst(name, a, rates, python, url, model, dataset, work) -> dict:
+    "The bursty trace: a quiet client for three thirds, a burst client in the middle one."
+    capacity = rates[-1] / a.fractions[-1]
+    quiet_rate, burst_rate, third = 0.2 * capacity, 2.0 * capacity, a.burst_seconds
+    quiet = bench(python, url, model, dataset, max(4, round(quiet_rate * 3 * third)), quiet_rate, 1, a.tpot_slo_ms,
+                  work, f"{name}-quiet")
+    burst = bench(python, url, model, dataset, max(4, round(burst_rate * third)), burst_rate, 2, a.tpot_slo_ms,
+                  work, f"{name}-burst", delay=third)
+    result = {"quiet_rate": quiet_rate, "burst_rate": burst_rate, "third_s": third,
+              "quiet": finish(quiet, work, f"{name}-quiet"), "burst": finish(burst, work, f"{name}-burst")}
+    q, b = result["quiet"], result["burst"]
+    print(f"  [{name}] bursty trace: quiet TPOT p99 {q['p99_tpot_ms']:.1f} ms, burst TPOT p99 {b['p99_tpot_ms']:.1f}"
+          f" ms, burst TTFT p99 {b['p99_ttft_ms']:.0f} ms", flush=True)
+    return result
+
+
+def goals(results: dict, rates: list) -> dict:
+    "The issue's goals, checked rate by rate (None where a server is missing)."
+    def at(server, rate, key):
+        r = results.get(server, {}).get("rates", {}).get(f"{rate:.4f}")
+        return None if r is None else r[key]
+    rows = []
+    for rate in rates:
+        auto, plain, fixed = (at(s, rate, "request_goodput") for s in ("speclab-auto", "speclab-plain",
+                                                                        "speclab-fixed"))
+        vllm = [g for g in (at("vllm-plain", rate, "request_goodput"), at("vllm-ngram", rate, "request_goodput"))
+                if g is not None]
+        plain_keeps_up = (at("speclab-plain", rate, "request_throughput") or 0) >= 0.95 * rate
+        tpot_auto, tpot_plain = at("speclab-auto", rate, "p99_tpot_ms"), at("speclab-plain", rate, "p99_tpot_ms")
+        best = max([g for g in (plain, fixed) if g is not None], default=None)
+        rows.append({"rate": rate, "auto_goodput": auto, "best_speclab_other": best,
+                     "goodput_ok": None if auto is None or best is None else auto >= best * 0.97,
+                     "vllm_best_goodput": max(vllm, default=None),
+                     "vs_vllm_ok": None if auto is None or not vllm else auto >= max(vllm) * 0.97,
+                     "plain_keeps_up": plain_keeps_up, "auto_p99_tpot": tpot_auto, "plain_p99_tpot": tpot_plain,
+                     "tpot_ok": None if not plain_keeps_up or tpot_auto is None else tpot_auto <= tpot_plain})
+    return rows
+
+
+def write_outputs(out: Path, record: dict) -> None:
+    "OUT.json, OUT.md and OUT.png."
+    out.with_suffix(".json").write_text(json.dumps(record, indent=1))
+    rates, results = record["rates"], record["results"]
+    lines = [f"# Open-loop traffic, {record['date']}", "", f"Machine: {record['machine']}; load tool: vLLM "
+             f"{record['tool_version']} `vllm.benchmarks.serve`; capacity (speclab plain, all at once): "
+             f"{record['capacity']:.2f} req/s; TPOT objective {record['tpot_slo_ms']} ms.", "",
+             "| server | rate req/s | out tok/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | goodput req/s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, res in results.items():
+        for rate, r in res["rates"].items():
+            lines.append(f"| {name} | {float(rate):.2f} | {r['output_throughput']:.0f} | {r['median_ttft_ms']:.0f} | "
+                         f"{r['p99_ttft_ms']:.0f} | {r['median_tpot_ms']:.1f} | {r['p99_tpot_ms']:.1f} | "
+                         f"{r['request_goodput']:.2f} |")
+    lines += ["", "| rate | auto goodput | max(plain, fixed) | goal met | vLLM best | met vs vLLM | plain keeps up | "
+              "auto TPOT p99 | plain TPOT p99 | TPOT goal |", "|---:|---:|---:|---|---:|---|---|---:|---:|---|"]
+    for g in record["goals"]:
+        f = (lambda v: "-" if v is None else f"{v:.2f}")
+        lines.append(f"| {g['rate']:.2f} | {f(g['auto_goodput'])} | {f(g['best_speclab_other'])} | {g['goodput_ok']} "
+                     f"| {f(g['vllm_best_goodput'])} | {g['vs_vllm_ok']} | {g['plain_keeps_up']} | "
+                     f"{f(g['auto_p99_tpot'])} | {f(g['plain_p99_tpot'])} | {g['tpot_ok']} |")
+    lines += ["", "Bursty trace (quiet 0.2 x capacity throughout, a burst at 2 x capacity in the middle third):", "",
+              "| server | quiet TPOT p50 | quiet TPOT p99 | burst TPOT p99 | burst TTFT p99 | burst out tok/s |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for name, res in results.items():
+        q, b = res["burst"]["quiet"], res["burst"]["burst"]
+        lines.append(f"| {name} | {q['median_tpot_ms']:.1f} | {q['p99_tpot_ms']:.1f} | {b['p99_tpot_ms']:.1f} | "
+                     f"{b['p99_ttft_ms']:.0f} | {b['output_throughput']:.0f} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    plot(out.with_suffix(".png"), record)
+
+
+def plot(path: Path, record: dict) -> None:
+    "Goodput, output tokens/s and p99 TPOT against the rate, one line per server."
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    panels = [("request_goodput", "goodput (req/s, TPOT <= %g ms)" % record["tpot_slo_ms"]),
+              ("output_throughput", "output tokens/s"), ("p99_tpot_ms", "TPOT p99 (ms)")]
+    for ax, (key, title) in zip(axes, panels):
+        for name, res in record["results"].items():
+            xs = [float(r) for r in res["rates"]]
+            ax.plot(xs, [v[key] for v in res["rates"].values()], marker="o", label=name,
+                    ls="-" if name.startswith("speclab") else "--")
+        ax.axvline(record["capacity"], color="grey", lw=0.8)
+        ax.set_xlabel("arrival rate (req/s, Poisson); grey: plain capacity")
+        ax.set_title(title, fontsize=10)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{record['date']}, {record['machine']}: open-loop traffic, vllm bench serve", fontsize=9)
+    plt.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    a = parse_args(argv)
+    python = vllm_env.vllm_python()
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="open_loop_"))
+    dataset = work / "completions.jsonl"
+    stats = write_dataset(dataset)
+    print(f"dataset: {stats}; work folder {work}", flush=True)
+    record = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+              "tool_version": vllm_env.vllm_version(python), "dataset": stats, "tpot_slo_ms": a.tpot_slo_ms,
+              "kappa": a.kappa, "command": " ".join(sys.argv), "load": [os.getloadavg()[0]], "results": {}}
+    results = record["results"]
+    rates = None
+    for i, name in enumerate(a.servers, 1):
+        print(f"[{i}/{len(a.servers)}] {name}: starting", flush=True)
+        try:
+            if rates is None:
+                with server(name, a.kappa, work, python) as url:
+                    model = model_id(url)
+                    finish(bench(python, url, model, dataset, 8, math.inf, 99, a.tpot_slo_ms, work, "warm"), work,
+                           "warm")
+                    cap = finish(bench(python, url, model, dataset, 64, math.inf, 3, a.tpot_slo_ms, work, "capacity"),
+                                 work, "capacity")
+                record["capacity"] = cap["request_throughput"]
+                rates = [f * record["capacity"] for f in a.fractions]
+                record["rates"] = rates
+                print(f"  capacity: {record['capacity']:.2f} req/s ({cap['output_throughput']:.0f} tok/s); rates "
+                      + ", ".join(f"{r:.2f}" for r in rates), flush=True)
+            results[name] = run_server(name, a, rates, python, dataset, work)
+        except RuntimeError as e:
+            print(f"  [{name}] failed: {str(e)[-1500:]}", flush=True)
+            record.setdefault("errors", {})[name] = str(e)[-3000:]
+        record["load"].append(os.getloadavg()[0])
+        record["goals"] = goals(results, rates or [])
+        write_outputs(out, record)                                   # after every server: nothing is lost
+    print(out.with_suffix(".md").read_text())
+    return record
+
+
+if __name__ == "__main__":
+    main()
