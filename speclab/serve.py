@@ -109,7 +109,7 @@ class Calibration:
         return (f"calibrated in {self.seconds:.1f} s: a step verifies in {1e3 * c.verify_s:.1f} ms + "
                 f"{1e3 * c.verify_token_s:.2f} ms per position; a draft forward costs {1e3 * c.draft_s:.1f} ms + "
                 f"{1e3 * c.draft_request_s:.2f} ms per drafting request; {where}; kappa chosen per step in "
-                f"0..{self.kappa_max}, the costs refitted from every step")
+                f"0..{self.kappa_max}")
 
 def calibrate(target: Llama, drafter: Any, kappa_max: int, alpha: float = 0.5, **sizes: Any) -> Calibration:
     """This machine's step costs for `target` and `drafter` (`calibration_fit_steps`, sized by `sizes`: batch_sizes,
@@ -123,8 +123,9 @@ def calibrate(target: Llama, drafter: Any, kappa_max: int, alpha: float = 0.5, *
 def auto_policy(target: Llama, drafter: Any, kappa_max: int,
                 on_calibration: Callable[[Calibration], Any] | None = None,
                 calibration: dict | None = None) -> KappaPolicy:
-    """Calibrate (sized by `calibration`), tell `on_calibration` what was measured, and return the policy: it starts
-    from the calibrated costs and refits them from every decode step, exploring too when they were refused."""
+    """Calibrate (sized by `calibration`), tell `on_calibration` what was measured, and return the policy: it plans
+    with the calibrated costs, or, when they were refused, starts from them, refits them from every decode step and
+    explores (`KappaPolicy.adaptive`)."""
     cal = calibrate(target, drafter, kappa_max, **(calibration or {}))
     if on_calibration is not None:
         on_calibration(cal)

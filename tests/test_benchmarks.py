@@ -279,3 +279,35 @@ def test_engine_host_times_outermost_calls_and_compares_medians(tmp_path: Path) 
     assert row["before_rest_rounds"] == [1.5, 3.5, 2.5] and row["before_rest_spread"] == 0.8
     assert row["after_rest_spread"] == 0.0
     assert host.spread([0.0, 0.0]) == 0.0
+
+
+def test_open_loop_dataset_is_vllms_custom_format(tmp_path: Path) -> None:
+    """open_loop.py's traffic: held-out code cut into prompts of 16..192 tokens with completions of 8..160, as the
+    JSONL vLLM's `--dataset-name custom` reads (a prompt string and an int output_tokens per line), seeded."""
+    ol = script("open_loop")
+    stats = ol.write_dataset(tmp_path / "a.jsonl", n=50, seed=3)
+    rows = [json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines()]
+    assert len(rows) == 50 == stats["requests"]
+    assert all(isinstance(r["prompt"], str) and r["prompt"] and isinstance(r["output_tokens"], int) for r in rows)
+    assert all(8 <= r["output_tokens"] <= 160 for r in rows) and len({r["output_tokens"] for r in rows}) > 5
+    ol.write_dataset(tmp_path / "b.jsonl", n=50, seed=3)
+    assert (tmp_path / "a.jsonl").read_text() == (tmp_path / "b.jsonl").read_text()
+
+
+def test_open_loop_goals_are_checked_rate_by_rate() -> None:
+    """The goals: auto's goodput >= 0.97 x max(plain, fixed) and >= 0.97 x vLLM's best at each rate; auto's p99 TPOT
+    <= plain's where plain keeps up (completes >= 95% of the offered rate), and not judged where it does not."""
+    ol = script("open_loop")
+    def res(goodput, tpot, throughput):
+        return {"rates": {f"{r:.4f}": {"request_goodput": g, "p99_tpot_ms": t, "request_throughput": x}
+                          for r, g, t, x in zip((1.0, 4.0), goodput, tpot, throughput)}}
+    results = {"speclab-plain": res((1.0, 2.0), (10.0, 30.0), (1.0, 2.5)),
+               "speclab-fixed": res((1.0, 1.5), (8.0, 40.0), (1.0, 2.4)),
+               "speclab-auto": res((0.98, 1.9), (9.0, 45.0), (1.0, 2.6)),
+               "vllm-ngram": res((1.2, 1.0), (7.0, 50.0), (1.0, 2.0))}
+    rows = ol.goals(results, [1.0, 4.0])
+    assert [r["goodput_ok"] for r in rows] == [True, False]           # 0.98 >= 0.97; 1.9 < 0.97 x 2.0
+    assert [r["vs_vllm_ok"] for r in rows] == [False, True]           # 0.98 < 0.97 x 1.2; 1.9 >= 0.97 x 1.0
+    assert [r["plain_keeps_up"] for r in rows] == [True, False]       # 2.5 of 4 req/s offered: it does not
+    assert [r["tpot_ok"] for r in rows] == [True, None]
+    assert ol.goals({}, [1.0])[0]["goodput_ok"] is None               # a missing server is not a pass

@@ -14,6 +14,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from speclab import serve
+from speclab.policy import UNTRUSTED_EXPLORE
 from speclab.request import SamplingParams
 from speclab.serve import AUTO_KAPPA_MAX, EngineLoop, ServerThread, build_app, load_engine
 from speclab.train import tiny_pair_path
@@ -65,8 +67,21 @@ def test_the_engine_is_adaptive(auto_server):
     _, lp, cal = auto_server
     engine = lp.engine
     assert engine.config.kappa == cal.kappa_max == AUTO_KAPPA_MAX
-    assert type(engine.scheduler.policy).__name__ == "KappaPolicy" and engine.scheduler.policy.costs == cal.costs
+    policy = engine.scheduler.policy
+    assert type(policy).__name__ == "KappaPolicy" and policy.costs == cal.costs
     assert cal.seconds > 0 and "calibrated in" in cal.describe()
+    assert (policy.learn, policy.explore) == ((False, 0.0) if cal.problem is None else (True, UNTRUSTED_EXPLORE))
+
+
+def test_a_refused_calibration_is_said_and_explored_past(monkeypatch):
+    """Costs that `calibration_problem` refuses (here: every one) are said in the start-up line, and the policy,
+    which starts from them, also explores until its own steps have taught it both kinds of step."""
+    monkeypatch.setattr(serve, "calibration_problem", lambda costs, steps, drafter: "a drafter measured to cost 0 s")
+    seen = []
+    engine = load_engine(tiny_pair_path("target"), None, ngram=3, max_num_seqs=2, on_calibration=seen.append)
+    assert seen[0].problem == "a drafter measured to cost 0 s"
+    assert "refused: a drafter measured to cost 0 s" in seen[0].describe()
+    assert engine.scheduler.policy.explore == UNTRUSTED_EXPLORE and engine.scheduler.policy.learn
 
 
 def test_greedy_is_plain_greedy_and_counts_every_step(auto_server, oai, plain):

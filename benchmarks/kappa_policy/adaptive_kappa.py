@@ -8,8 +8,9 @@ held-out prompts (Chapter 9c's) are served with `max_num_seqs` = concurrency (co
 `--tokens` new tokens each. Per drafter (the draft model, n-gram lookup n <= 3, the shipped EAGLE head) the engines
 are: kappa 1, 2 and 3 fixed, and what `speclab serve` builds for `--kappa auto`: `KappaPolicy.adaptive` on
 `speclab.serve.calibrate` (this machine's costs, one calibration per drafter, recorded with the run with its
-verdict; each request's live alpha; the costs refitted from every decode step), kappa in 0..4. With `--static`, also
-the same policy without the refit (`KappaPolicy(costs, optimism=1.0)`, the previous `--kappa auto`), side by side.
+verdict; each request's live alpha; a trusted calibration's costs as they are, a refused one's refitted), kappa in
+0..4. With `--refit`, also the same policy refitting the costs after every decode step (`learn=True`, the
+calibration worth one step), side by side.
 Plain decoding is shared by all drafters. Every engine is built once and warmed; each round runs every engine at
 every concurrency in one interleaved order, so a busy machine slows them alike. Medians over rounds; every ratio is
 of medians of the same run:
@@ -54,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tokens", type=int, default=48, help="new tokens per request (default 48)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: speclab serve's, every core "
                     "but one; older saved runs used 2)")
-    ap.add_argument("--static", action="store_true", help="also run auto without the refit (name/static)")
+    ap.add_argument("--refit", action="store_true", help="also run auto refitting its costs (name/refit)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--out", help="also write the JSON here")
     a = ap.parse_args(argv)
@@ -72,8 +73,8 @@ def make_drafter(name: str, target, draft):
     return eagle_drafter(target)
 
 
-def engines(target, draft, cals: dict, concurrency: int, drafters: list[str], static: bool) -> dict:
-    "Every engine of one concurrency: plain, then per drafter kappa 1, 2, 3 and auto (and auto without refit)."
+def engines(target, draft, cals: dict, concurrency: int, drafters: list[str], refit: bool) -> dict:
+    "Every engine of one concurrency: plain, then per drafter kappa 1, 2, 3 and auto (and auto refitting)."
     common = dict(max_num_seqs=concurrency, seed=0, num_blocks=16 * concurrency + 64)
     out = {"plain": SpecDecoder(target, None, kappa=0, **common)}
     for name in drafters:
@@ -82,9 +83,9 @@ def engines(target, draft, cals: dict, concurrency: int, drafters: list[str], st
         policy = KappaPolicy.adaptive(cals[name].costs, trusted=cals[name].problem is None)
         out[f"{name}/auto"] = SpecDecoder(target, make_drafter(name, target, draft), kappa=KAPPA_MAX, **common,
                                           policy=policy)
-        if static:
-            out[f"{name}/static"] = SpecDecoder(target, make_drafter(name, target, draft), kappa=KAPPA_MAX, **common,
-                                                policy=KappaPolicy(cals[name].costs, optimism=1.0))
+        if refit:
+            out[f"{name}/refit"] = SpecDecoder(target, make_drafter(name, target, draft), kappa=KAPPA_MAX, **common,
+                                               policy=KappaPolicy(cals[name].costs, optimism=1.0, learn=True))
     return out
 
 
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
     costs = {name: cal.costs for name, cal in cals.items()}
     prompts = sweep_prompts(16, 64)
     params = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)
-    grid = {c: engines(target, draft, cals, c, a.drafters, a.static) for c in a.concurrency}
+    grid = {c: engines(target, draft, cals, c, a.drafters, a.refit) for c in a.concurrency}
     for engs in grid.values():
         for eng in engs.values():
             eng.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4))      # warm
@@ -133,23 +134,23 @@ def main(argv: list[str] | None = None) -> dict:
         loads.append(os.getloadavg()[0])
     med = {c: {name: statistics.median(r[0] for r in v) for name, v in rs.items()} for c, rs in runs.items()}
     chosen = {c: {name: [sum(x) for x in zip(*(r[2] for r in v))] for name, v in rs.items()
-                  if name.endswith(("auto", "static"))}
+                  if name.endswith(("auto", "refit"))}
               for c, rs in runs.items()}
     alpha = {name: statistics.median(r[1] for r in runs[min(runs)][f"{name}/kappa3"]) for name in a.drafters}
     best = {c: {name: max([m["plain"]] + [m[f"{name}/kappa{k}"] for k in FIXED]) for name in a.drafters}
             for c, m in med.items()}
     ratio = {name: {c: m[f"{name}/auto"] / best[c][name] for c, m in med.items()} for name in a.drafters}
-    static = {name: {c: m[f"{name}/static"] / best[c][name] for c, m in med.items()} for name in a.drafters} \
-        if a.static else None
-    learned = {c: {name: dataclasses.asdict(eng.scheduler.policy.costs) for name, eng in engs.items() if name.endswith("auto")}
-               for c, engs in grid.items()}
+    refit = {name: {c: m[f"{name}/refit"] / best[c][name] for c, m in med.items()} for name in a.drafters} \
+        if a.refit else None
+    learned = {c: {name: dataclasses.asdict(eng.scheduler.policy.costs) for name, eng in engs.items()
+                   if name.endswith(("auto", "refit"))} for c, engs in grid.items()}
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
            platform.machine(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "load": loads,
            "tokens": a.tokens, "rounds": a.rounds,
            "calibration_s": {n: cal.seconds for n, cal in cals.items()},
            "calibration_problem": {n: cal.problem for n, cal in cals.items()},
            "costs": {n: dataclasses.asdict(c) for n, c in costs.items()}, "learned_costs": learned,
-           "tokens_per_s": med, "auto_over_best": ratio, "static_over_best": static, "kappa_counts": chosen,
+           "tokens_per_s": med, "auto_over_best": ratio, "refit_over_best": refit, "kappa_counts": chosen,
            "crossing": crossings(med, alpha, costs, a.drafters)}
     if a.out:
         with open(a.out, "w") as f:
@@ -160,12 +161,12 @@ def main(argv: list[str] | None = None) -> dict:
     for name in a.drafters:
         print(f"{name}: {cals[name].describe()}")
         cols = ["plain"] + [f"{name}/kappa{k}" for k in FIXED] + [f"{name}/auto"]
-        cols += [f"{name}/static"] if static else []
+        cols += [f"{name}/refit"] if refit else []
         print(f"{'concurrency':>11} " + " ".join(f"{c.split('/')[-1]:>9}" for c in cols) + "  auto / best" +
-              ("  static / best" if static else ""))
+              ("  refit / best" if refit else ""))
         for c, m in med.items():
             print(f"{c:>11} " + " ".join(f"{m[col]:9.1f}" for col in cols) + f"  {ratio[name][c]:.3f}" +
-                  (f"  {static[name][c]:.3f}" if static else ""))
+                  (f"  {refit[name][c]:.3f}" if refit else ""))
         print(f"crossing: {out['crossing'][name]}")
     return out
 

@@ -69,7 +69,7 @@ def drafter_configs(drafter: str, kappa: int, eagle_dir: Path | None,
         # n-grams of N down to 1, so vLLM is given min 1 explicitly (both: the longest match of 1..3 tokens).
         config = {"method": "ngram", "num_speculative_tokens": kappa, "prompt_lookup_min": 1,
                   "prompt_lookup_max": NGRAM_MAX}
-        return config, ["--ngram", str(NGRAM_MAX), "--num-spec-tokens", k] + own + own
+        return config, ["--ngram", str(NGRAM_MAX), "--num-spec-tokens", k] + own
     if drafter == "eagle3":
         if eagle_dir is None:
             raise ValueError("eagle_dir must name the EAGLE-3 head's folder for drafter 'eagle3'")
