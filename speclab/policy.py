@@ -22,6 +22,7 @@ from .config import EngineConfig, check_engine_args
 from .drafters import Drafter
 from .engine import SpecDecoder
 from .model import Llama
+from .patching import patch
 from .request import SamplingParams
 from .scheduler import RequestView, StepTime, StepView, context_reads
 
@@ -180,8 +181,8 @@ class KappaPolicy:
     @classmethod
     def adaptive(cls, costs: StepCosts, alpha_prior: float = 0.5, trusted: bool = True) -> "KappaPolicy":
         """What `--kappa auto` runs: each request's live alpha, one posterior standard deviation optimistic, and the
-        calibrated costs as they are when the calibration was trusted (refitting them cost 1-2% of tokens/s in every
-        cell measured side by side: see the chapter). Costs that were refused (`calibration_problem`) are only where
+        calibrated costs as they are when the calibration was trusted (refitting them made fewer tokens/s in 12 of
+        15 cells measured side by side: see the chapter). Costs that were refused (`calibration_problem`) are only where
         the fit starts: the policy refits them from every decode step (`CostFit`, the draft's catch-up and the
         context a term each) and explores, so that the fit sees both kinds of step whichever the bad costs favoured."""
         if trusted:
@@ -195,43 +196,45 @@ class KappaPolicy:
         if self.fit is not None:
             self.costs = self.fit.observe(*step)
 
-    def choose(self, step: StepView) -> list[int]:
-        """Each request's kappa (at most its cap), from the step's frozen view alone. A seeded request drafts its cap
-        whatever the batch and the costs (`seeded_kappas`); the others are planned around it."""
-        batch, caps = step.requests, step.caps
-        num_context = min(step.num_context, len(batch))   # prompt positions are paid whatever the plan (see below)
-        alphas = [live_alpha(r, self.alpha_prior, self.prior_strength, self.optimism) for r in batch]
-        fixed = seeded_kappas(step)
-        free = [0 if i in fixed else c for i, c in enumerate(caps)]
-        lengths = [r.num_prompt_tokens + r.num_output_tokens for r in batch]
-        tokens0 = len(batch) + sum(sum(alphas[i] ** j for j in range(1, k + 1)) for i, k in fixed.items())
-        positions0, drafting0 = num_context + sum(fixed.values()), sum(k > 0 for k in fixed.values())
-        deepest0 = max(fixed.values(), default=0)
-        kv0 = sum(context_reads(lengths[i], fixed.get(i, 0)) for i in range(len(batch)))
-        plain_rate = tokens0 / self.costs.step_s(positions0, drafting0, deepest0, None, kv0)
-        best, best_rate = (0, []), 0.0                 # the best plan in which someone free drafts
-        for K in range(1, max(free, default=0) + 1):
-            ks = [min(K, c) for c in free]
-            gains = {i: sum(alphas[i] ** j for j in range(1, ks[i] + 1)) for i in range(len(batch)) if ks[i]}   # E - 1
-            order = sorted(gains, key=lambda i: gains[i] / ks[i], reverse=True)   # tokens per position first
-            tokens, positions, reads = tokens0, positions0, kv0
-            for m, i in enumerate(order, 1):
-                tokens += gains[i]
-                positions += ks[i]
-                reads += context_reads(lengths[i], ks[i]) - context_reads(lengths[i], 0)
-                rate = tokens / self.costs.step_s(positions, drafting0 + m, max(K, deepest0), None, reads)
-                if rate > best_rate:
-                    best, best_rate = (K, order[:m]), rate
-        drafts = best_rate > plain_rate
-        curious = self.explore and min(self.observed) < EXPLORE_UNTIL
-        if curious and not self.exploring and self.rng.random() < self.explore:
-            self.exploring = EXPLORE_RUN
-        if self.exploring:
-            self.exploring -= 1
-            drafts = not drafts
-        K, drafting = best if drafts else (0, [])
-        chosen = set(drafting)
-        return [fixed[i] if i in fixed else min(K, c) if i in chosen else 0 for i, c in enumerate(caps)]
+# %% ../nbs/08g_policy.ipynb #db624d34
+@patch
+def choose(self: KappaPolicy, step: StepView) -> list[int]:
+    """Each request's kappa (at most its cap), from the step's frozen view alone. A seeded request drafts its cap
+    whatever the batch and the costs (`seeded_kappas`); the others are planned around it."""
+    batch, caps = step.requests, step.caps
+    num_context = min(step.num_context, len(batch))   # prompt positions are paid whatever the plan (see below)
+    alphas = [live_alpha(r, self.alpha_prior, self.prior_strength, self.optimism) for r in batch]
+    fixed = seeded_kappas(step)
+    free = [0 if i in fixed else c for i, c in enumerate(caps)]
+    lengths = [r.num_prompt_tokens + r.num_output_tokens for r in batch]
+    tokens0 = len(batch) + sum(sum(alphas[i] ** j for j in range(1, k + 1)) for i, k in fixed.items())
+    positions0, drafting0 = num_context + sum(fixed.values()), sum(k > 0 for k in fixed.values())
+    deepest0 = max(fixed.values(), default=0)
+    kv0 = sum(context_reads(lengths[i], fixed.get(i, 0)) for i in range(len(batch)))
+    plain_rate = tokens0 / self.costs.step_s(positions0, drafting0, deepest0, None, kv0)
+    best, best_rate = (0, []), 0.0                 # the best plan in which someone free drafts
+    for K in range(1, max(free, default=0) + 1):
+        ks = [min(K, c) for c in free]
+        gains = {i: sum(alphas[i] ** j for j in range(1, ks[i] + 1)) for i in range(len(batch)) if ks[i]}   # E - 1
+        order = sorted(gains, key=lambda i: gains[i] / ks[i], reverse=True)   # tokens per position first
+        tokens, positions, reads = tokens0, positions0, kv0
+        for m, i in enumerate(order, 1):
+            tokens += gains[i]
+            positions += ks[i]
+            reads += context_reads(lengths[i], ks[i]) - context_reads(lengths[i], 0)
+            rate = tokens / self.costs.step_s(positions, drafting0 + m, max(K, deepest0), None, reads)
+            if rate > best_rate:
+                best, best_rate = (K, order[:m]), rate
+    drafts = best_rate > plain_rate
+    curious = self.explore and min(self.observed) < EXPLORE_UNTIL
+    if curious and not self.exploring and self.rng.random() < self.explore:
+        self.exploring = EXPLORE_RUN
+    if self.exploring:
+        self.exploring -= 1
+        drafts = not drafts
+    K, drafting = best if drafts else (0, [])
+    chosen = set(drafting)
+    return [fixed[i] if i in fixed else min(K, c) if i in chosen else 0 for i, c in enumerate(caps)]
 
 # %% ../nbs/08g_policy.ipynb #e6a1611b
 def calibration_prompts(vocab_size: int, num: int, length: int, seed: int) -> list[list[int]]:
