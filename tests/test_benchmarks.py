@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -311,3 +313,14 @@ def test_open_loop_goals_are_checked_rate_by_rate() -> None:
     assert [r["plain_keeps_up"] for r in rows] == [True, False]       # TTFT 40 -> 900 ms: a queue built up
     assert [r["tpot_ok"] for r in rows] == [True, None]
     assert ol.goals({}, [1.0])[0]["goodput_ok"] is None               # a missing server is not a pass
+
+
+def test_open_loop_quick_keeps_the_servers_asked_for() -> None:
+    "--quick shortens the traffic; it does not replace the servers named with --servers, and a wrong name is refused."
+    ol = script("open_loop")
+    assert ol.parse_args(["--quick", "--servers", "speclab-plain", "speclab-fixed"]).servers == ["speclab-plain",
+                                                                                                  "speclab-fixed"]
+    assert ol.parse_args(["--quick"]).servers == ["speclab-plain", "speclab-auto"]
+    assert ol.parse_args([]).servers == list(ol.SERVERS)
+    with pytest.raises(SystemExit):
+        ol.parse_args(["--servers", "speclab-plainn"])

@@ -38,10 +38,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "common"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm_peer"))
 import vllm_env  # noqa: E402
+from vllm_peer import NGRAM_MAX, drafter_configs  # noqa: E402  -- the n-gram settings both engines agree on
 
 HERE = Path(__file__).resolve().parent
-NGRAM_MAX = 3
+SERVERS = ("speclab-plain", "speclab-fixed", "speclab-auto", "vllm-plain", "vllm-ngram")
 SHIM = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
         "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); add_cli_args(p); "
         "main(p.parse_args(sys.argv[1:]))")
@@ -57,8 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--burst-seconds", type=float, default=15.0, help="each third of the bursty trace (seconds)")
     ap.add_argument("--kappa", type=int, default=3, help="the fixed kappa of speclab and vLLM (default 3)")
     ap.add_argument("--tpot-slo-ms", type=float, default=25.0, help="goodput's objective: TPOT at most this (ms)")
-    ap.add_argument("--servers", nargs="+", default=["speclab-plain", "speclab-fixed", "speclab-auto", "vllm-plain",
-                                                     "vllm-ngram"], help="which servers, in this order")
+    ap.add_argument("--servers", nargs="+", choices=SERVERS, default=None,
+                    help="which servers, in this order (default: all five; with --quick, speclab plain and auto)")
     ap.add_argument("--quick", action="store_true", help="smoke run: speclab plain and auto, 2 rates, 12 requests")
     ap.add_argument("--resume", help="an OUT.json of an earlier run: keep its capacity, rates and the servers not in "
                     "--servers; run (and replace) only those")
@@ -66,7 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.quick:
         a.fractions, a.seconds, a.min_requests, a.burst_seconds = [0.25, 1.0], 4.0, 12, 4.0
-        a.servers = ["speclab-plain", "speclab-auto"]
+    if a.servers is None:
+        a.servers = ["speclab-plain", "speclab-auto"] if a.quick else list(SERVERS)
     if a.servers[0] != "speclab-plain" and not a.resume:
         ap.error("the first server must be speclab-plain (its capacity sets the rates), or --resume an earlier run")
     if min(a.fractions) <= 0 or a.seconds <= 0 or a.min_requests < 2 or a.kappa < 1:
@@ -100,15 +103,14 @@ def write_dataset(path: Path, n: int = 1000, seed: int = 0) -> dict:
 def server(name: str, kappa: int, log_dir: Path, python: Path):
     "The context manager that runs one server (its URL on entering)."
     common = ["--max-num-seqs", "16", "--seed", "0"]
+    config, fixed = drafter_configs("ngram", kappa, None, "fixed")
     if name == "speclab-plain":
         return vllm_env.speclab_server("--draft", "none", *common, log=log_dir / f"{name}.log")
     if name == "speclab-fixed":
-        return vllm_env.speclab_server("--ngram", str(NGRAM_MAX), "--kappa", str(kappa), *common,
-                                       log=log_dir / f"{name}.log")
+        return vllm_env.speclab_server(*fixed, *common, log=log_dir / f"{name}.log")
     if name == "speclab-auto":
         return vllm_env.speclab_server("--ngram", str(NGRAM_MAX), *common, log=log_dir / f"{name}.log")
-    config = None if name == "vllm-plain" else {"method": "ngram", "num_speculative_tokens": kappa,
-                                                "prompt_lookup_min": 1, "prompt_lookup_max": NGRAM_MAX}
+    config = None if name == "vllm-plain" else config
     return vllm_env.vllm_server(vllm_env.TARGET, config, python=python, max_num_seqs=16, log=log_dir / f"{name}.log")
 
 
