@@ -1,13 +1,13 @@
 """llama.cpp as the second peer engine: its server's command, its counters, the pair in GGUF, and the live checks.
 
 The unit tests run everywhere: they need neither a build nor a server. The live tests need llama.cpp's
-`llama-server` built from PyPI's llama-cpp-python source (`benchmarks/common/llamacpp_env.py`, minutes on 2 cores);
-CI does not build it, so they are skipped, with the command that builds it, unless the build is there:
+`llama-server` built from PyPI's llama-cpp-python source and the pair converted to GGUF, outside the repository
+(`benchmarks/common/llamacpp_env.py`: about 5 minutes on 2 cores, once per machine). `.ci/run` builds it before the
+tests; anywhere the build is missing they are skipped, with the command that makes it:
 
-    .venv/bin/python -c "import sys; sys.path.insert(0, 'benchmarks/common'); import llamacpp_env as L; \
-        L.llama_server_binary(create=True); L.gguf_pair(create=True)"
+    .venv/bin/python benchmarks/common/llamacpp_env.py
 
-With the build: about a minute on 2 cores. No timing is asserted; benchmarks/llamacpp_peer measures speed.
+With the build: under a minute on 2 cores. No timing is asserted; benchmarks/llamacpp_peer measures speed.
 """
 import json
 import shutil
@@ -91,8 +91,8 @@ def test_counters_are_read_and_differenced():
     assert llamacpp_peer.llamacpp_acceptance(after, after) == {}        # no drafting step between the scrapes
 
 
-SKIP_REASON = ("needs llama.cpp's llama-server built from PyPI's llama-cpp-python source and the pair in GGUF, "
-               "which CI does not build: see this module's docstring for the command")
+SKIP_REASON = ("needs llama.cpp's llama-server built from PyPI's llama-cpp-python source and the pair in GGUF: "
+               "`.venv/bin/python benchmarks/common/llamacpp_env.py` makes both (minutes)")
 
 
 @pytest.fixture(scope="module")

@@ -185,3 +185,16 @@ def llamacpp_server(model: Path, draft: Path | None = None, *, num_draft: int = 
     with serve(cmd, f"http://127.0.0.1:{port}", "llama-server", dict(os.environ), timeout, log=log,
                min_free_gib=1.0) as url:
         yield url
+
+
+def main() -> int:
+    "`python benchmarks/common/llamacpp_env.py`: build or reuse llama-server, convert or reuse the pair; print them."
+    binary = llama_server_binary(create=True)
+    target, draft = gguf_pair(create=True)
+    print(f"llama-server: {binary} ({server_version(binary)})")
+    print(f"gguf: {target}, {draft}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
