@@ -243,11 +243,13 @@ def _stop(proc: subprocess.Popen, log: Any, check: bool) -> None:
 
 # %% ../nbs/95_testing.ipynb #3f8a33b9
 import copy
+import math
 from collections.abc import Callable
 from dataclasses import fields, replace
 
 from .sampling import expand_batch_to_tokens
-from .sampling import PLACEHOLDER_TOKEN_ID, ProcessorRows, process_logits, sampling_probs
+from .sampling import (PLACEHOLDER_TOKEN_ID, ProcessorRows, draw_tokens, process_logits, rejection_sample,
+                              rows_at_positions, sampling_probs, top_p_mask_sort)
 
 FAULTS = {
     "top_p_target_only": "top-p applied to the draft's q but not to the target's p (vLLM #9834 / PR #10198)",
@@ -259,40 +261,118 @@ FAULTS = {
                           "(SGLang PR #33643)",
     "shared_rng": "unseeded requests restart one RNG stream whenever the engine is idle (TensorRT-LLM #19487)",
     "seed_ignored": "a request's seed dropped: it draws from the shared stream (vLLM #6038, #9441, #13196)",
+    "temperature_target_only": "the drafts drawn at the request's temperature but their q rows reported at "
+                               "temperature 1: the accept test divides by a law the drafts did not come from",
+    "top_p_after_residual": "the accept test and the residual read the target's p before top-p; the residual is cut "
+                            "to its own top-p nucleus afterwards",
+    "block_residual_weight": "block verification whose residual after the accepted prefix drops the prefix's weight "
+                             "w_tau (vllm-ascend #7807)",
+    "bonus_from_draft": "after every draft is accepted, the bonus drawn from the last draft's q row, not the target's",
+    "expand_misaligned": "per-row temperature, top-k and top-p expanded by the draft counts, not the sampled counts: "
+                         "rows take another request's settings, the last ones the defaults (vLLM-CPU's expand)",
+    "seed_skips_drafts": "a seeded request's bonus drawn from its generator, its acceptance coins and recovered "
+                         "tokens from the shared stream",
+    "logprobs_from_draft": "the log-prob returned for an accepted draft token is the draft's log q(x), not the "
+                           "target's (vLLM #34497, #53488)",
+    "verify_numerics": "verify rows rounded through bfloat16 while plain decoding keeps float32: greedy text moves "
+                       "at near-ties (vLLM RFC #54506)",
 }
+_OWN = ("recovered_from_p", "bonus_after_reject", "temperature_target_only", "top_p_after_residual",
+        "block_residual_weight", "bonus_from_draft")
+
+# %% ../nbs/95_testing.ipynb #a7c3e5d1
+def _step_probs(md: Any, logits: torch.Tensor, sampling: Any, top_p: torch.Tensor | None = None) -> torch.Tensor:
+    "Processed target probabilities (float64) at every sampled row: processors, then each request's settings."
+    rows = None if sampling.processors is None else rows_at_positions(sampling.processors, md)
+    if rows is not None:
+        logits = process_logits(logits, rows)
+    min_p = 0.0 if rows is None or rows.min_p is None else rows.min_p
+    cu, R = md.cu_num_sampled_tokens, logits.shape[0]
+    tp = sampling.top_p if top_p is None else top_p
+    settings = [expand_batch_to_tokens(x, cu, R) for x in (sampling.temperature, sampling.top_k, tp)]
+    return sampling_probs(logits, *settings, min_p=min_p).double()
+
+def _residual(fault: str, p: torch.Tensor, q: torch.Tensor, top_p: float) -> torch.Tensor:
+    "The law a rejected position's recovered token is drawn from (unnormalised), with `fault` planted."
+    if fault == "recovered_from_p":
+        return p                                   # BUG: p, not max(p - q, 0)
+    r = (p - q).clamp(min=0)
+    if float(r.sum()) <= 0:
+        return p
+    if fault == "top_p_after_residual":            # BUG: the nucleus of the residual, not the residual of the nucleus
+        r = r / r.sum()
+        r = r * top_p_mask_sort(r[None], top_p)[0]
+    return r
+
+def _chain(fault: str, P: torch.Tensor, A: torch.Tensor, Q: torch.Tensor, X: list, gen: Any, top_p: float) -> list:
+    "Standard verification of drafts X: target rows P [n+1, V] (A: the rows the accept test reads), q rows Q [n, V]."
+    emitted = []
+    for j, x in enumerate(X):
+        if float(torch.rand((), generator=gen, dtype=torch.float64)) * Q[j, x] < A[j, x]:
+            emitted.append(x)
+            continue
+        emitted.append(int(torch.multinomial(_residual(fault, A[j], Q[j], top_p), 1, generator=gen)))
+        if fault == "bonus_after_reject":          # BUG: the next row was computed with the rejected x in context
+            emitted.append(int(torch.multinomial(P[j + 1], 1, generator=gen)))
+        return emitted
+    bonus = Q[-1] if fault == "bonus_from_draft" and X else P[len(X)]    # BUG: the draft's row, not the target's
+    return emitted + [int(torch.multinomial(bonus, 1, generator=gen))]
+
+def _block_chain(P: torch.Tensor, Q: torch.Tensor, X: list, gen: Any, bug: bool = True) -> list:
+    "Block verification (Sun et al.) of one request's drafts; `bug`: the final residual weighted 1, not w_tau."
+    n, w, h = len(X), [1.0], []
+    for j, x in enumerate(X):
+        w.append(min(1.0, w[-1] * float(P[j, x]) / float(Q[j, x])) if Q[j, x] > 0 else 0.0)
+    for i in range(1, n):
+        Z = float((w[i] * P[i] - Q[i]).clamp(min=0).sum())
+        h.append(Z / (Z + 1 - w[i]) if Z + 1 - w[i] > 0 else 1.0)
+    h.append(w[n])
+    u = torch.rand(n, generator=gen, dtype=torch.float64).tolist()
+    tau = max([i for i in range(1, n + 1) if u[i - 1] < h[i - 1]], default=0)
+    if tau == n:
+        return X + [int(torch.multinomial(P[n], 1, generator=gen))]
+    weight = 1.0 if bug else w[tau]                # BUG: the prefix's weight w_tau dropped
+    res = (weight * P[tau] - Q[tau]).clamp(min=0)
+    return X[:tau] + [int(torch.multinomial(res if float(res.sum()) > 0 else P[tau], 1, generator=gen))]
+
+# %% ../nbs/95_testing.ipynb #b8d4f6e2
+def _greedy_chain(P: torch.Tensor, X: list) -> list:
+    "Greedy verification: the target's argmax at each position until it differs from the draft."
+    emitted = []
+    for j in range(len(X) + 1):
+        emitted.append(int(P[j].argmax()))
+        if j == len(X) or emitted[-1] != X[j]:
+            return emitted
+
+def _q_rows(draft_probs: torch.Tensor | None, start: int, X: list, V: int) -> torch.Tensor:
+    "A request's q rows, float64 [n, V] (one-hot for a deterministic draft)."
+    if draft_probs is not None:
+        return draft_probs[start:start + len(X)].double().cpu()
+    return F.one_hot(torch.tensor(X, dtype=torch.int64), V).double()
 
 def _own_sampler(md: Any, logits: torch.Tensor, draft_probs: torch.Tensor | None, sampling: Any,
                  fault: str) -> torch.Tensor:
-    "A per-request rejection sampler with one planted fault (recovered_from_p or bonus_after_reject)."
-    cu = md.cu_num_sampled_tokens
-    probs = sampling_probs(logits, expand_batch_to_tokens(sampling.temperature, cu, logits.shape[0]),
-                           expand_batch_to_tokens(sampling.top_k, cu, logits.shape[0]),
-                           expand_batch_to_tokens(sampling.top_p, cu, logits.shape[0])).double()
+    "A per-request rejection sampler (coins from each request's generator) with one planted fault of `_OWN`."
+    probs = _step_probs(md, logits, sampling).cpu()
+    accept = probs
+    if fault == "top_p_after_residual":
+        accept = _step_probs(md, logits, sampling, torch.ones_like(sampling.top_p)).cpu()
     out = torch.full((len(md.num_draft_tokens), md.max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int64)
-    starts = (md.cu_num_draft_tokens - torch.tensor(md.num_draft_tokens)).tolist()
+    starts = (md.cu_num_draft_tokens.cpu() - torch.tensor(md.num_draft_tokens)).tolist()
     for b, (start, n) in enumerate(zip(starts, md.num_draft_tokens)):
-        gen, greedy = sampling.generators[b], bool(sampling.is_greedy[b])
         rows = md.target_logits_indices[start:start + n].tolist() + [int(md.bonus_logits_indices[b])]
-        emitted = []
-        for j in range(n + 1):
-            p = probs[rows[j]]
-            if j == n or greedy:
-                tok = int(p.argmax()) if greedy else int(torch.multinomial(p, 1, generator=gen))
-                emitted.append(tok)
-                if j == n or tok != int(md.draft_token_ids[start + j]):
-                    break
-                continue
-            x = int(md.draft_token_ids[start + j])
-            q = draft_probs[start + j].double() if draft_probs is not None else F.one_hot(torch.tensor(x),
-                                                                                           len(p)).double()
-            if float(torch.rand((), generator=gen, dtype=torch.float64)) * q[x] <= p[x]:
-                emitted.append(x)
-                continue
-            residual = p if fault == "recovered_from_p" else (p - q).clamp(min=0)
-            emitted.append(int(torch.multinomial(residual if residual.sum() > 0 else p, 1, generator=gen)))
-            if fault == "bonus_after_reject":       # BUG: the next row was computed with the rejected x in context
-                emitted.append(int(torch.multinomial(probs[rows[j + 1]], 1, generator=gen)))
-            break
+        X = md.draft_token_ids[start:start + n].tolist()
+        Q, gen = _q_rows(draft_probs, start, X, probs.shape[1]), sampling.generators[b]
+        T = float(sampling.temperature[b])
+        if fault == "temperature_target_only" and T > 0:    # BUG: q reported at temperature 1 (q_T ** T, renormalised)
+            Q = Q ** T
+            Q = Q / Q.sum(-1, keepdim=True)
+        if T == 0:
+            emitted = _greedy_chain(probs[rows], X)
+        elif fault == "block_residual_weight":
+            emitted = _block_chain(probs[rows], Q, X, gen)
+        else:
+            emitted = _chain(fault, probs[rows], accept[rows], Q, X, gen, float(sampling.top_p[b]))
         out[b, :len(emitted)] = torch.tensor(emitted)
     return out.to(logits.device)
 
@@ -304,9 +384,28 @@ def _stale_rows(processors: Any, md: Any) -> Any:
     rows = {f.name: getattr(processors, f.name) for f in fields(ProcessorRows)}
     return ProcessorRows(**{k: None if x is None else x[owner.to(x.device)] for k, x in rows.items()})
 
+def _misaligned(x: torch.Tensor, md: Any, num_rows: int, default: float) -> torch.Tensor:
+    "x [B] repeated by the draft counts (the bug: not the sampled counts), the rows left over at the default."
+    cu = md.cu_num_draft_tokens.cpu()
+    out = expand_batch_to_tokens(x, cu, int(cu[-1]) if len(cu) else 0)
+    return torch.cat([out, x.new_full((num_rows - len(out),), default)])
+
+def _step(md: Any, logits: torch.Tensor, draft_probs: torch.Tensor | None, sampling: Any, settings: list,
+          coin_generators: list) -> torch.Tensor:
+    "The correct sampler's step from per-row settings [temperature, top_k, top_p] and the coins' generators given."
+    rows = None if sampling.processors is None else rows_at_positions(sampling.processors, md)
+    if rows is not None:
+        logits = process_logits(logits, rows)
+    min_p = 0.0 if rows is None or rows.min_p is None else rows.min_p
+    probs = sampling_probs(logits, *settings, min_p=min_p)
+    bonus = draw_tokens(probs[md.bonus_logits_indices], sampling.is_greedy, sampling.generators)   # before the coins
+    return rejection_sample(md.draft_token_ids, md.num_draft_tokens, draft_probs, probs[md.target_logits_indices],
+                            bonus, is_greedy=sampling.is_greedy, generators=coin_generators)
+
 def faulty_sampler(engine: Any, fault: str, sampler: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     "The engine's sampler with `fault` planted (see FAULTS); `sampler` is the correct one it wraps."
     def sample(md, logits, draft_probs, sampling, backend="torch"):
+        R = logits.shape[0]
         if fault == "top_p_target_only":
             sampling = copy.copy(sampling)
             sampling.top_p = torch.ones_like(sampling.top_p)
@@ -321,18 +420,54 @@ def faulty_sampler(engine: Any, fault: str, sampler: Callable[..., torch.Tensor]
             sampling.processors = ProcessorRows(min_p=sampling.processors.min_p)
         elif fault == "batch_dependent" and len(md.num_draft_tokens) > 2 and draft_probs is not None:
             draft_probs = draft_probs.roll(1, 0)
-        elif fault in ("recovered_from_p", "bonus_after_reject") and not sampling.all_greedy:
+        elif fault == "verify_numerics":                   # BUG: the verify rows lose float32's last 16 bits
+            logits = logits.to(torch.bfloat16).to(logits.dtype)
+        elif fault in _OWN and not sampling.all_greedy:
             return _own_sampler(md, logits, draft_probs, sampling, fault)
+        elif fault == "expand_misaligned" and not sampling.all_greedy:
+            settings = [_misaligned(x, md, R, d) for x, d in ((sampling.temperature, 1.0), (sampling.top_k, 0),
+                                                             (sampling.top_p, 1.0))]
+            return _step(md, logits, draft_probs, sampling, settings, sampling.generators)
+        elif fault == "seed_skips_drafts" and not sampling.all_greedy:
+            cu = md.cu_num_sampled_tokens
+            settings = [expand_batch_to_tokens(x, cu, R) for x in (sampling.temperature, sampling.top_k,
+                                                                   sampling.top_p)]
+            shared = [engine.gen] * len(sampling.generators)      # BUG: the coins ignore each request's generator
+            return _step(md, logits, draft_probs, sampling, settings, shared)
         return sampler(md, logits, draft_probs, sampling, backend)
     return sample
 
 # %% ../nbs/95_testing.ipynb #182c426e
+def _draft_logprobs(runner: Any, sampler: Callable[..., torch.Tensor]) -> tuple[Callable, Callable]:
+    "A sampler that remembers each step's drafts and q rows, and a `_logprobs` that reports log q for accepted drafts."
+    seen = {}
+
+    def sample(md, logits, draft_probs, sampling, backend="torch"):
+        seen["step"] = (md, draft_probs)
+        return sampler(md, logits, draft_probs, sampling, backend)
+
+    def logprobs(batch, logits, rows, out):
+        lps = type(runner)._logprobs(runner, batch, logits, rows, out)
+        md, q = seen.pop("step", (None, None))
+        if lps is None or md is None or q is None:
+            return lps
+        starts = (md.cu_num_draft_tokens.cpu() - torch.tensor(md.num_draft_tokens)).tolist()
+        for b, (start, n) in enumerate(zip(starts, md.num_draft_tokens)):
+            for j in range(min(n, len(lps[b]))):
+                x = int(md.draft_token_ids[start + j])
+                if int(out[b, j]) != x:
+                    break
+                lps[b][j] = (math.log(max(float(q[start + j, x]), 1e-300)), lps[b][j][1])   # BUG: the draft's
+        return lps
+    return sample, logprobs
+
 def plant_fault(engine: Any, fault: str | None) -> None:
     "Swap the engine's sampler or request handling for a faulty one (None: put the correct ones back). Tests only."
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"fault must be None or one of {', '.join(FAULTS)}, got {fault!r}")
     original = engine.__dict__.setdefault("_correct", (engine.runner.sampler, engine.add_request))
     engine.runner.sampler, engine.add_request = original
+    engine.runner.__dict__.pop("_logprobs", None)
     if fault in ("shared_rng", "seed_ignored"):
         add, seed = original[1], int(engine.gen.initial_seed())
 
@@ -343,6 +478,8 @@ def plant_fault(engine: Any, fault: str | None) -> None:
                 engine.gen.manual_seed(seed)          # BUG: every request that finds the engine idle restarts it
             return add(prompt, params, on_tokens, arrival_time)
         engine.add_request = add_request
+    elif fault == "logprobs_from_draft":
+        engine.runner.sampler, engine.runner._logprobs = _draft_logprobs(engine.runner, original[0])
     elif fault is not None:
         engine.runner.sampler = faulty_sampler(engine, fault, original[0])   # the runner holds the one sampler
 
