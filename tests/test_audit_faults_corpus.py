@@ -181,8 +181,9 @@ def test_logprobs_from_draft_returns_the_drafts():
 
 # Server cases: (fault, plan, check that must fail, text its worst test must contain). Exact first-two-token TV on
 # the shipped pair (benchmarks/audit/fault_corpus.py) and the budget's bound (power 0.99 at Holm's first level):
-# bonus from the draft: TV 0.575 at 'with open(' t1.0; 200 requests give a bound of 0.57 (72 draws per server at
-# budget 180). Temperature on the target only: 0 at temperature 1 and 0.03 at the default t0.8,p0.6 (the
+# bonus from the draft: TV 0.456 at 'with open(' t0.8,p0.6, bound 0.456 at 270 (at t1.0 its token TV is 0.575,
+# but a 180-request audit found nothing there: 72 completions of many distinct texts pool into a few prefix bins,
+# whose TV is far below the tokens'). Temperature on the target only: 0 at temperature 1 and 0.03 at the default t0.8,p0.6 (the
 # nucleus is one or two tokens there), but TV 0.400 at 'raise ValueError(' and temperature 0.5, a setting the
 # default plan lacks: bound 0.40 at 340. Top-p after the residual: TV 0.181 at 'with open(' t0.8,p0.6: bound 0.181
 # at 1,500. Misaligned expansion: at concurrency 1 the bonus row takes the defaults: TV 0.224 at '# Copyright'
@@ -193,7 +194,7 @@ TOP_P = {"t0.8,p0.6": {"temperature": 0.8, "top_p": 0.6}}
 T1 = {"t1.0": {"temperature": 1.0}}
 K20 = {"t1.0,k20": {"temperature": 1.0, "top_k": 20}}
 CASES = [
-    ("bonus_from_draft", dict(budget=200, settings=T1, prompts=["with open(", "raise ValueError("]), "laws",
+    ("bonus_from_draft", dict(budget=280, settings=TOP_P, prompts=["with open(", "raise ValueError("]), "laws",
      "with open("),
     ("temperature_target_only", dict(budget=360, settings=T05, prompts=["raise ValueError(", "with open("]), "laws",
      "t0.5"),
