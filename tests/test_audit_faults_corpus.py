@@ -183,12 +183,15 @@ def test_logprobs_from_draft_returns_the_drafts():
 # the shipped pair (benchmarks/audit/fault_corpus.py) and the budget's bound (power 0.99 at Holm's first level):
 # bonus from the draft: TV 0.456 at 'with open(' t0.8,p0.6, bound 0.456 at 270 (at t1.0 its token TV is 0.575,
 # but a 180-request audit found nothing there: 72 completions of many distinct texts pool into a few prefix bins,
-# whose TV is far below the tokens'). Temperature on the target only: 0 at temperature 1 and 0.03 at the default t0.8,p0.6 (the
-# nucleus is one or two tokens there), but TV 0.400 at 'raise ValueError(' and temperature 0.5, a setting the
-# default plan lacks: bound 0.40 at 340. Top-p after the residual: TV 0.181 at 'with open(' t0.8,p0.6: bound 0.181
-# at 1,500. Misaligned expansion: at concurrency 1 the bonus row takes the defaults: TV 0.224 at '# Copyright'
-# t1.0,k20: bound 0.223 at 1,010. Seeds that skip the drafts: same-seed agreement 1 -> 0 to 0.2 (the coins of
-# every drafted position come from the shared stream), 16 pairs as for seed_ignored.
+# whose TV is far below the tokens'). Temperature on the target only: 0 at temperature 1 and 0.03 at the default
+# t0.8,p0.6 (the nucleus is one or two tokens there), but TV 0.400 at 'raise ValueError(' and temperature 0.5, a
+# setting the default plan lacks: bound 0.40 at 340. Top-p after the residual: TV 0.181 at 'with open(' t0.8,p0.6:
+# bound 0.181 at 1,500. Misaligned expansion: at concurrency 1 the bonus row takes the defaults: TV 0.224 at '#
+# Copyright' t1.0,k20: bound 0.223 at 1,010. Seeds that skip the drafts: same-seed agreement 1 -> 0 to 0.2 (the
+# coins of every drafted position come from the shared stream), 16 pairs as for seed_ignored.
+# Log-probs from the draft: the text is untouched; an accepted draft's returned log-prob is off the target's by 0.6
+# to 2.0 nats on average (exact, at the first position of the default cells), far beyond the logprobs check's
+# tolerance, which rescores penalty-cell completions with the reference's echo (a finding, not a p-value).
 T05 = {"t0.5": {"temperature": 0.5}}
 TOP_P = {"t0.8,p0.6": {"temperature": 0.8, "top_p": 0.6}}
 T1 = {"t1.0": {"temperature": 1.0}}

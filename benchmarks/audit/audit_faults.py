@@ -8,6 +8,8 @@ One in-process pair of servers (speclab.testing.audit_pair: the tiny target with
 alone); each fault is planted in the speculative engine between audits. For each fault the ladder's budgets are run
 in order until one catches it (exit status 1); that budget, its requests and wall time, the check that failed and its
 worst cell are recorded. The correct pair runs the full default plan once (its time is the "default audit" figure).
+With --corpus (fault_corpus.py's JSON, the default when it exists) each row also gets the fault's exact
+first-two-token TV on the default law cells and the budget predicted to catch it with probability 0.95.
 """
 import argparse
 import json
@@ -36,12 +38,23 @@ def one(urls, set_fault, fault, budget, seed):
                 failed={c["check"]: c["worst"] for c in failed}, line=report["line"])
 
 
+def corpus_rows(path: str) -> dict:
+    "{fault: (exact first-two-token TV, predicted budget for power 0.95)} from fault_corpus.py's JSON, if present."
+    if not Path(path).exists():
+        return {}
+    rows = json.loads(Path(path).read_text())["faults"]
+    return {r["fault"]: (f"{r['tv_max']:.3f}", f"{r['budget_power_095']:,}" if r["budget_power_095"] else "-")
+            for r in rows}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ladder", default="1500,3000,6000,12000", help="budgets tried in order per fault")
     ap.add_argument("--faults", default=",".join(FAULTS), help="comma-separated fault names")
     ap.add_argument("--skip-exact", action="store_true", help="do not run the default plan on the correct pair")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--corpus", default=str(Path(__file__).with_name("fault_corpus.json")),
+                    help="fault_corpus.py's JSON: each fault's exact bias and predicted budget (skipped if absent)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     ladder = [int(b) for b in a.ladder.split(",")]
@@ -59,10 +72,13 @@ def main(argv=None):
                 if rows[-1]["exit_code"] == 1:
                     break
     print(f"# load average {load_average()} at the end", flush=True)
-    print("| fault | caught at budget | requests | wall s | check failed: worst cell |\n|---|---|---|---|---|")
+    corpus = corpus_rows(a.corpus)
+    print("| fault | exact TV | predicted budget (0.95) | caught at budget | requests | wall s | check failed: worst "
+          "cell |\n|---|---|---|---|---|---|---|")
     for r in rows:
         caught = "; ".join(f"{k}: {v}" for k, v in r["failed"].items()) or "nothing (exit %d)" % r["exit_code"]
-        print(f"| {r['fault']} | {r['budget']:,} | {r['requests']:,} | {r['seconds']} | {caught} |")
+        tv, need = corpus.get(r["fault"], ("", ""))
+        print(f"| {r['fault']} | {tv} | {need} | {r['budget']:,} | {r['requests']:,} | {r['seconds']} | {caught} |")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
 

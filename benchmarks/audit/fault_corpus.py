@@ -249,7 +249,8 @@ def main(argv=None):
     print(f"# load average {load_average()} at the end", flush=True)
     meta = dict(date=utc_now(), machine=machine(), budget=a.budget, command=" ".join(sys.argv))
     Path(a.json).write_text(json.dumps(dict(meta=meta, faults=rows), indent=1) + "\n")
-    print("| fault | first-two-token TV (max over cells) | predicted budget, power 0.95 | verdict |\n|---|---|---|---|")
+    print("| fault | first-two-token TV (max over cells) | predicted budget, power 0.95 | verdict |")
+    print("|---|---|---|---|")
     for r in rows:
         verdict = "" if "audit" not in r else (f"exit {r['audit']['exit_code']}: " +
                                                 ("; ".join(r["audit"]["failed"]) or "nothing failed"))
