@@ -26,16 +26,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
 from bench_env import load_average, machine, utc_now  # noqa: E402
 
-from speclab.audit import (DEFAULT_PROMPTS, MAX_BINS, SETTINGS, plan_audit, rate_bound, run_audit,  # noqa: E402
-                           two_sample_bound)
+from speclab.audit import MAX_BINS, SETTINGS, plan_audit, rate_bound, run_audit, two_sample_bound  # noqa: E402
 from speclab.model import KVCache, forward  # noqa: E402
-from speclab.runner import prompt_logprobs  # noqa: E402
 from speclab.sampling import sampling_probs, top_p_mask_sort  # noqa: E402
 from speclab.testing import FAULTS, audit_pair, plant_fault  # noqa: E402
 
@@ -74,6 +71,7 @@ def probs(logits: torch.Tensor, setting: dict, top_p: float | None = None) -> to
 
 
 def norm(x: torch.Tensor) -> torch.Tensor:
+    "x scaled to sum to 1."
     return x / x.sum()
 
 
@@ -86,7 +84,7 @@ def two_token_law(fault: str | None, c: dict) -> torch.Tensor:
         law[a] = (1 - q1[a]) * P2[a]
         law[a, int(c["L2"][a].argmax())] += q1[a]
         return law
-    accept_rows, q_seen, bonus, resid = p1, q1, P2, None
+    accept_rows, q_seen, bonus = p1, q1, P2
     if fault == "top_p_target_only":
         accept_rows, bonus = c["p1_unfiltered"], c["P2_unfiltered"]
     elif fault == "temperature_target_only" and c["T"] > 0:
@@ -224,7 +222,8 @@ def quantity(r: dict) -> str:
         return f"TV {r['tv_max']:.3f} (first two tokens, worst default cell)"
     if r["fault"] == "logprobs_from_draft":
         offsets = r["logprob_offset_per_cell"].values()
-        return f"law TV 0; accepted drafts' log-probs off by {min(offsets):.1f}-{max(offsets):.1f} nats (mean per cell)"
+        low, high = min(offsets), max(offsets)
+        return f"law TV 0; accepted drafts' log-probs off by {low:.1f}-{high:.1f} nats (mean per cell)"
     seeds = r.get("audit", {}).get("seeds", "")
     if r["shows_in"].startswith("seeds") and seeds:
         return f"law TV 0; same-seed agreement {seeds} (audited vs reference)"
