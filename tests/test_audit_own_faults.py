@@ -102,18 +102,43 @@ def test_a_refused_seed_cannot_pass():
     assert "seed" in report["line"]
 
 
-def test_a_point_mass_cell_is_not_tested_and_the_plan_said_so():
-    "At top-p 0.6 the fake law of 'with open(' is one text: a law test there cannot fail, so it must not pass."
+def point_mass_audit(**plan):
+    "'with open(' at top-p 0.6 as the only law cell: the fake law there is one text, so no budget gives it power."
     lines = []
     with fake_pair(None) as (url, reference_url):
-        plan = plan_audit(prompts=["with open("] + list(DEFAULT_PROMPTS[:11]), budget=900, concurrency=8,
-                          num_law_prompts=1, settings={"t0.8,p0.6": SETTINGS["t0.8,p0.6"]}, penalties={},
-                          num_seeds=8, concurrency_n=0)
-        report = run_audit(url, reference_url, plan, progress=False, on_power=lines.append)
-    assert report["exit_code"] == 2, report["line"]
-    assert status(report)["laws"] == "not tested"
-    assert "NO POWER PREDICTED" in lines[0] and "one bin" in lines[0]          # the plan, before the test's requests
-    assert "no degrees of freedom" in report["line"]
+        kw = dict(prompts=["with open("] + list(DEFAULT_PROMPTS[:11]), budget=900, concurrency=8, num_law_prompts=1,
+                  settings={"t0.8,p0.6": SETTINGS["t0.8,p0.6"]}, penalties={}, num_seeds=8, concurrency_n=0)
+        report = run_audit(url, reference_url, plan_audit(**{**kw, **plan}), progress=False, on_power=lines.append)
+    return report, lines[0]
+
+
+def test_a_point_mass_cell_is_replaced_and_the_report_says_by_what():
+    "The pilot sees one text; a spare prompt whose pilot splits takes the cell's place before the test's requests."
+    report, power = point_mass_audit()
+    assert report["exit_code"] == 0, report["line"]
+    [swap] = report["replaced"]
+    assert swap["cell"] == "'with open(' @ t0.8,p0.6" and swap["by"] not in (None, swap["cell"])
+    assert "one bin" in swap["why"] and "no budget" in swap["why"]
+    assert swap["tried"][0].startswith("'raise ValueError(' (")           # the spares in the prompts' order
+    assert f"replaced: laws: {swap['cell']} by {swap['by']}" in power       # printed before the test's requests
+    assert "NO POWER PREDICTED" not in power
+    assert [c["prompt"] for c in report["plan"]["cells"]] == [swap["by"].split(" @ ")[0][1:-1]]
+    assert any(n.startswith("replaced: laws") for n in report["notes"])
+    assert report["requests_sent"] <= 900 * 1.05 + 30                   # the probes on top of the plan
+
+
+def test_a_point_mass_cell_without_a_spare_is_written_off_with_its_reason():
+    """No spare pilots: the powerless cell stays (a fault that splits its answers is still caught), and when its
+    answers do fall into one bin the report says the pilot wrote it off: not tested, but no reason for exit 2."""
+    report, power = point_mass_audit(spare_pilots=0)
+    [swap] = report["replaced"]
+    assert swap["by"] is None and swap["tried"] == [] and not swap["spent"]
+    assert f"written off: laws: {swap['cell']}: no power" in power and "spare pilots spent" in power
+    assert [c["prompt"] for c in report["plan"]["cells"]] == ["with open("]
+    laws = next(c for c in report["checks"] if c["check"] == "laws")
+    assert laws["status"] == "written off" and laws["untested"] == [] and len(laws["written_off"]) == 1
+    assert report["exit_code"] == 0, report["line"]
+    assert "wrote off" in report["line"]
 
 
 def test_the_plan_names_checks_without_power_and_what_would_give_it():
@@ -124,3 +149,11 @@ def test_the_plan_names_checks_without_power_and_what_would_give_it():
     assert "none (not tested)" in greedy and "no power: needs at least" in greedy
     assert "none (not tested)" in seeds and "seed pairs" in seeds
     assert "none" not in next(line for line in text.splitlines() if line.lstrip().startswith("laws"))
+
+
+def test_a_server_that_returns_no_logprobs_is_not_a_finding():
+    "The fake servers return tokens without token_logprobs: the logprobs check is not run, says so, and passes stand."
+    report = audit(None, penalties={"presence2.0": {"temperature": 1.0, "presence_penalty": 2.0}}, repeat_tokens=6)
+    assert status(report)["logprobs"] == "not run"
+    assert any(n.startswith("logprobs: no audited penalty-cell answer came with a log-prob") for n in report["notes"])
+    assert report["exit_code"] == 0, report["line"]
