@@ -1,9 +1,12 @@
 """How often speclab audit (Chapter 13) fails an exact pair: repeated audits with fresh engine and request seeds.
 
     python benchmarks/audit/audit_false_alarms.py --audits 45 --budget 800 --json /tmp/false_alarms.json
+    python benchmarks/audit/audit_false_alarms.py --engine llamacpp --audits 45 --budget 800
 
-Each audit restarts the in-process pair (speclab.testing.audit_pair) with new engine seeds and shuffles its requests
-with a new seed, so the audits are independent. The audit promises a failure probability of at most `level` for an
+Each audit restarts the pair with new engine seeds and shuffles its requests with a new seed, so the audits are
+independent: speclab's in-process pair (speclab.testing.audit_pair, the default), or with `--engine llamacpp`
+llama.cpp's speculative server against its plain one (../common/llamacpp_env.py; every unseeded request draws a fresh
+random seed there). The audit promises a failure probability of at most `level` for an
 exact pair (Holm over all its tests). A few dozen audits say little at the default level 0.01 (0 failures in 45 audits
 leave a 95% interval up to 0.079), so every audit records what decides its verdict at any level, and every test's raw
 p-value:
@@ -16,6 +19,7 @@ p-value:
   the tests of one audit are dependent (the intervals below treat them as independent: a rough guide, not a test).
 """
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -32,6 +36,20 @@ from speclab.audit import DEFAULT_PROMPTS, plan_audit, run_audit  # noqa: E402
 from speclab.testing import audit_pair  # noqa: E402
 
 LEVELS = (0.01, 0.05, 0.1)
+ENGINES = ("speclab", "llamacpp")
+
+
+@contextlib.contextmanager
+def exact_pair(engine: str, k: int):
+    "(audited url, reference url) of audit k's fresh exact pair: speclab's in-process one or llama.cpp's servers."
+    if engine == "speclab":
+        with audit_pair(seed=100 + 2 * k) as (url, reference_url, _):
+            yield url, reference_url
+        return
+    from llamacpp_env import gguf_pair, llamacpp_server
+    target, draft = gguf_pair(create=True)
+    with llamacpp_server(target, draft, threads=1) as url, llamacpp_server(target, threads=1) as reference_url:
+        yield url, reference_url
 
 
 def interval(k, n):
@@ -45,14 +63,15 @@ def main(argv=None):
     ap.add_argument("--audits", type=int, default=45)
     ap.add_argument("--budget", type=int, default=800)
     ap.add_argument("--json", help="write every audit's p-values here")
+    ap.add_argument("--engine", choices=ENGINES, default="speclab", help="whose exact pair (default speclab)")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    print(f"# {utc_now()}; {machine()}; load average {load_average()} at start", flush=True)
+    print(f"# {utc_now()}; {machine()}; load average {load_average()} at start; engine {a.engine}", flush=True)
     rows, t0, c0 = [], time.perf_counter(), time.process_time()
     for k in range(a.audits):
         plan = plan_audit(DEFAULT_PROMPTS[:6], budget=a.budget, num_law_prompts=2, concurrency=8, concurrency_n=40,
                           num_seeds=4, seed=1000 + k)
-        with audit_pair(seed=100 + 2 * k) as (url, reference_url, _):
+        with exact_pair(a.engine, k) as (url, reference_url):
             report = run_audit(url, reference_url, plan, progress=False)
         if report["exit_code"] == 2 and report["requests_sent"] == 0:
             raise SystemExit(f"audit {k} could not run: {report['line']}")
@@ -66,7 +85,8 @@ def main(argv=None):
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     n = len(rows)
     print(f"# {n} audits of an exact pair, budget {a.budget:,}, {len(rows[0]['p_values'])} tests each; {wall:.0f} s "
-          f"wall, {cpu:.0f} CPU s (this process: client and both servers); load average {load_average()} at the end")
+          f"wall, {cpu:.0f} CPU s ({'this process: client and both servers' if a.engine == 'speclab' else 'the client'}"
+          f"); load average {load_average()} at the end")
     print("| level | audits failed | rate | exact 95% interval |\n|---|---|---|---|")
     for level in LEVELS:
         f = sum(r["min_adjusted"] < level for r in rows)
@@ -87,7 +107,8 @@ def main(argv=None):
     for check, p in by_check.items():
         print(f"| {check} | {len(p)} | {sum(x < 0.05 for x in p)} | {np.median(p):.2f} |")
     if a.json:
-        Path(a.json).write_text(json.dumps(dict(budget=a.budget, audits=rows), indent=1) + "\n")
+        Path(a.json).write_text(json.dumps(dict(engine=a.engine, budget=a.budget, date=utc_now(), machine=machine(),
+                                                audits=rows), indent=1) + "\n")
 
 
 if __name__ == "__main__":

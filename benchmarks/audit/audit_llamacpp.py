@@ -34,14 +34,17 @@ from audit_vllm import machine  # noqa: E402
 from speclab.audit import format_report, plan_audit, run_audit, write_report  # noqa: E402
 
 AUDITS = ("spec_vs_plain", "plain_vs_speclab", "spec_vs_speclab")
+SPECLAB_MODEL = "speclab-tiny"           # what `speclab serve` calls the shipped pair
 NUM_DRAFT = 3
 
 
-def audit(name: str, url: str, reference_url: str, plan, out: Path) -> dict:
-    "Run one audit, print its plan, power and report, write its JSON and HTML; the report."
+def audit(name: str, url: str, reference_url: str, plan, out: Path, model: str | None = None) -> dict:
+    """Run one audit, print its plan, power and report, write its JSON and HTML; the report. `model`: the name sent
+    to both servers (llama-server answers to any; speclab serve to its own, SPECLAB_MODEL)."""
     print(f"\n=== {name}: {url} against {reference_url}", flush=True)
     t0 = time.time()
-    report = run_audit(url, reference_url, plan, progress=False, on_power=lambda text: print(text, flush=True))
+    report = run_audit(url, reference_url, plan, model=model, progress=False,
+                       on_power=lambda text: print(text, flush=True))
     write_report(report, out / f"{name}.json", out / f"{name}.html")
     print(format_report(report), flush=True)
     print(f"({time.time() - t0:.0f} s)", flush=True)
@@ -80,9 +83,10 @@ def main(argv: list | None = None) -> int:
             with speclab_server("--draft", "none", "--max-num-seqs", "16", log=out / "speclab_plain.log") as ref:
                 if "plain_vs_speclab" in args.only:
                     with llamacpp_server(target, log=out / "llamacpp_plain2.log", **kw) as plain_url:
-                        reports["plain_vs_speclab"] = audit("plain_vs_speclab", plain_url, ref, plan, out)
+                        reports["plain_vs_speclab"] = audit("plain_vs_speclab", plain_url, ref, plan, out,
+                                                             SPECLAB_MODEL)
                 if "spec_vs_speclab" in args.only:
-                    reports["spec_vs_speclab"] = audit("spec_vs_speclab", spec_url, ref, plan, out)
+                    reports["spec_vs_speclab"] = audit("spec_vs_speclab", spec_url, ref, plan, out, SPECLAB_MODEL)
     load.append(os.getloadavg()[0])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     summary = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), machine=machine(),
