@@ -84,9 +84,9 @@ def main(argv=None):
               f"Holm-adjusted p {rows[-1]['min_adjusted']:.3g}", flush=True)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     n = len(rows)
+    whose = "this process: client and both servers" if a.engine == "speclab" else "the client"
     print(f"# {n} audits of an exact pair, budget {a.budget:,}, {len(rows[0]['p_values'])} tests each; {wall:.0f} s "
-          f"wall, {cpu:.0f} CPU s ({'this process: client and both servers' if a.engine == 'speclab' else 'the client'}"
-          f"); load average {load_average()} at the end")
+          f"wall, {cpu:.0f} CPU s ({whose}); load average {load_average()} at the end")
     print("| level | audits failed | rate | exact 95% interval |\n|---|---|---|---|")
     for level in LEVELS:
         f = sum(r["min_adjusted"] < level for r in rows)
