@@ -13,6 +13,8 @@ audits at `--budget` each, so that a failure can be placed:
    the course's engine at all (the fields and their semantics: penalties, seeds, top-k)?
 3. `spec_vs_speclab`: llama.cpp speculative against speclab's plain server, as a user would audit a deployment
    against a trusted reference.
+4. `defaults_vs_speclab`: llama.cpp plain with its own sampling defaults (top-k 40, min-p 0.05, temperature applied
+   after top-p) against speclab's plain server: what the audit says of a deployment configured differently.
 
 Each audit writes `<name>.json` and `<name>.html` into `--out`; `summary.json` lists the verdicts with the date, the
 machine, llama.cpp's version and the load. Every server is bounded in time and stopped. `--only` runs a subset.
@@ -33,7 +35,7 @@ from audit_vllm import machine  # noqa: E402
 
 from speclab.audit import format_report, plan_audit, run_audit, write_report  # noqa: E402
 
-AUDITS = ("spec_vs_plain", "plain_vs_speclab", "spec_vs_speclab")
+AUDITS = ("spec_vs_plain", "plain_vs_speclab", "spec_vs_speclab", "defaults_vs_speclab")
 SPECLAB_MODEL = "speclab-tiny"           # what `speclab serve` calls the shipped pair
 NUM_DRAFT = 3
 
@@ -79,7 +81,7 @@ def main(argv: list | None = None) -> int:
         if "spec_vs_plain" in args.only:
             with llamacpp_server(target, log=out / "llamacpp_plain.log", **kw) as plain_url:
                 reports["spec_vs_plain"] = audit("spec_vs_plain", spec_url, plain_url, plan, out)
-        if {"plain_vs_speclab", "spec_vs_speclab"} & set(args.only):
+        if {"plain_vs_speclab", "spec_vs_speclab", "defaults_vs_speclab"} & set(args.only):
             with speclab_server("--draft", "none", "--max-num-seqs", "16", log=out / "speclab_plain.log") as ref:
                 if "plain_vs_speclab" in args.only:
                     with llamacpp_server(target, log=out / "llamacpp_plain2.log", **kw) as plain_url:
@@ -87,6 +89,10 @@ def main(argv: list | None = None) -> int:
                                                              SPECLAB_MODEL)
                 if "spec_vs_speclab" in args.only:
                     reports["spec_vs_speclab"] = audit("spec_vs_speclab", spec_url, ref, plan, out, SPECLAB_MODEL)
+                if "defaults_vs_speclab" in args.only:
+                    with llamacpp_server(target, sampling=(), log=out / "llamacpp_defaults.log", **kw) as own_url:
+                        reports["defaults_vs_speclab"] = audit("defaults_vs_speclab", own_url, ref, plan, out,
+                                                               SPECLAB_MODEL)
     load.append(os.getloadavg()[0])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     summary = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), machine=machine(),

@@ -148,16 +148,17 @@ def gguf_pair(create: bool = False) -> tuple[Path, Path]:
 
 def llamacpp_command(binary: Path, model: Path, port: int, draft: Path | None = None, num_draft: int = 3,
                      parallel: int = 16, threads: int | None = None, seed: int | None = None,
-                     extra_args: Sequence[str] = ()) -> list[str]:
+                     extra_args: Sequence[str] = (), sampling: Sequence[str] = NEUTRAL_SAMPLING) -> list[str]:
     """llama-server for `model` on 127.0.0.1:`port`: `parallel` slots of CONTEXT positions each (one unified KV
     cache of parallel x CONTEXT cells), `threads` (default: every core), OpenAI's sampling semantics
-    (NEUTRAL_SAMPLING), and with `draft` its draft model proposing up to `num_draft` tokens a step (at least 1, any
-    draft probability). `seed` is the server's default for requests without one: None keeps llama.cpp's (a fresh
-    random seed per request; a fixed one would give every unseeded request the same draws)."""
+    (`sampling`, NEUTRAL_SAMPLING; () keeps llama.cpp's own defaults), and with `draft` its draft model proposing
+    up to `num_draft` tokens a step (at least 1, any draft probability). `seed` is the server's default for
+    requests without one: None keeps llama.cpp's (a fresh random seed per request; a fixed one would give every
+    unseeded request the same draws)."""
     threads = threads or os.cpu_count() or 1
     cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(CONTEXT * parallel),
            "--parallel", str(parallel), "--kv-unified", "-t", str(threads), "-tb", str(threads), "--no-webui",
-           "--metrics", *NEUTRAL_SAMPLING]
+           "--metrics", *sampling]
     if seed is not None:
         cmd += ["--seed", str(seed)]
     if draft is not None:
@@ -169,7 +170,8 @@ def llamacpp_command(binary: Path, model: Path, port: int, draft: Path | None = 
 @contextlib.contextmanager
 def llamacpp_server(model: Path, draft: Path | None = None, *, num_draft: int = 3, parallel: int = 16,
                     threads: int | None = None, seed: int | None = None, extra_args: Sequence[str] = (),
-                    timeout: float = 300.0, log: str | Path | None = None) -> Iterator[str]:
+                    sampling: Sequence[str] = NEUTRAL_SAMPLING, timeout: float = 300.0,
+                    log: str | Path | None = None) -> Iterator[str]:
     """llama.cpp's server for a GGUF `model` (with `draft`: speculative decoding by that draft model) on a free port
     of 127.0.0.1; yields its URL once /health answers and stops it on leaving the block."""
     for name, path in (("model", model), ("draft", draft)):
@@ -181,7 +183,7 @@ def llamacpp_server(model: Path, draft: Path | None = None, *, num_draft: int = 
         raise ValueError(f"parallel must be an int >= 1, got {parallel!r}")
     port = free_port()
     cmd = llamacpp_command(llama_server_binary(), Path(model), port, draft and Path(draft), num_draft, parallel,
-                           threads, seed, extra_args)
+                           threads, seed, extra_args, sampling)
     with serve(cmd, f"http://127.0.0.1:{port}", "llama-server", dict(os.environ), timeout, log=log,
                min_free_gib=1.0) as url:
         yield url
