@@ -80,7 +80,7 @@ def test_logprobs_off_by_a_twentieth_of_a_nat_fail(pair):
     url, reference_url, runner = pair
     plan = plan_audit(prompts=["Once upon a time"], num_law_prompts=1, concurrency=8, settings={},
                       penalties={"presence2.0": PENALTIES["presence2.0"]}, num_seeds=0, concurrency_n=0,
-                      repeat_tokens=8, penalty_tokens=2, budget=100, logprob_checks=4, pilot=0)
+                      repeat_tokens=8, penalty_tokens=2, budget=400, logprob_checks=4, pilot=0)
     with logprobs_off(runner, OFF_BY):
         report = run_audit(url, reference_url, plan, progress=False, backoff=0.05)
     assert report["exit_code"] == 1, format_report(report)
