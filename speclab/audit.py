@@ -958,6 +958,7 @@ async def _rescore(urls: dict, plan: AuditPlan, model: str, client: httpx.AsyncC
         jobs.append(("reference", body, _setter(col.rescored, (i, k))))
     await _jobs(jobs, urls, plan.concurrency, client, sender, progress, col)
 
+# %% ../nbs/13_audit.ipynb #5e7a1c0b
 def logprob_gaps(prompt: str, tokens: Sequence[str], logprobs: Sequence[float],
                  echo: tuple) -> list[tuple[str, float, float]] | None:
     "(token, returned, reference log-prob) per completion token the echo tokenised alike (a prefix); None if none."
