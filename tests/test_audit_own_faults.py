@@ -5,7 +5,7 @@ The servers here are `speclab.testing.fake_pair`: two small in-process servers t
 words, with one of `SERVER_FAULTS` planted in the audited one. No model runs, so an audit takes seconds. The power of
 the audit against the engine's own faults is tests/test_audit.py's business; here each case is decided by
 construction (an empty bin, a crash, a refusal, a point-mass law), not by chance, except the exact pair's pass, which
-fails on chance with probability at most its level (0.001).
+fails on chance with probability at most its level (0.001), as do the other audits below that assert a pass.
 """
 import math
 
@@ -107,7 +107,8 @@ def point_mass_audit(**plan):
     lines = []
     with fake_pair(None) as (url, reference_url):
         kw = dict(prompts=["with open("] + list(DEFAULT_PROMPTS[:11]), budget=900, concurrency=8, num_law_prompts=1,
-                  settings={"t0.8,p0.6": SETTINGS["t0.8,p0.6"]}, penalties={}, num_seeds=8, concurrency_n=0)
+                  settings={"t0.8,p0.6": SETTINGS["t0.8,p0.6"]}, penalties={}, num_seeds=8, concurrency_n=0,
+                  level=0.001)      # a pass is asserted: it fails on chance with probability at most 0.001
         report = run_audit(url, reference_url, plan_audit(**{**kw, **plan}), progress=False, on_power=lines.append)
     return report, lines[0]
 
