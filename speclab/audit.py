@@ -12,7 +12,7 @@ __all__ = ['AUDIT_POWER', 'MIN_COUNT', 'MAX_BINS', 'PILOT', 'PILOT_MARGIN', 'DEF
            'fetch_model', 'alive', 'cell_body', 'needed_fields', 'probe', 'replace_cells', 'written_off',
            'replaced_lines', 'collect', 'cell_name', 'penalty_samples', 'not_sent', 'law_tests', 'repeat_tests',
            'duplicate_tests', 'seed_tests', 'greedy_tests', 'field_tests', 'rescore_body', 'checkable', 'logprob_gaps',
-           'within_tolerance', 'logprob_tests', 'budget_for', 'power_rows', 'format_power', 'skipped_notes',
+           'within_tolerance', 'logprob_tests', 'budget_for', 'power_rows', 'format_power', 'skipped_notes', 'one_text',
            'summarise', 'analyse', 'verdict_line', 'run_audit', 'audit_figure', 'report_html', 'format_report',
            'write_report', 'lab09_recording']
 
@@ -1102,14 +1102,20 @@ def skipped_notes(plan: AuditPlan, col: Collected) -> list[str]:
                      "PASS)")
     return replaced_lines(col.replaced) + notes
 
+def one_text(t: TestResult) -> bool:
+    """Whether a two-sample cell ended with every answer of both servers in one bin: both agree on (nearly) one text,
+    and there was no spread to test. In a check with other tested cells it does not stop a PASS (it is listed)."""
+    return t.check in ("laws", "penalties", "concurrency") and t.df == 0 and min(t.n) > 0
+
 def summarise(tests: list[TestResult], level: float) -> list[dict]:
     "Per check: FAIL, pass, not tested or partly tested; its worst tested test and what was not tested, and why."
     out = []
     for check in CHECKS:
         mine = [t for t in tests if t.check == check]
         tested = [t for t in mine if not t.reason]
-        untested = [[t.name, t.reason] for t in mine if t.reason and not t.excused]
-        excused = [[t.name, t.reason] for t in mine if t.reason and t.excused]
+        spared = {id(t) for t in mine if t.reason and (t.excused or tested and one_text(t))}
+        untested = [[t.name, t.reason] for t in mine if t.reason and id(t) not in spared]
+        excused = [[t.name, t.reason] for t in mine if id(t) in spared]
         if not mine:
             out.append(dict(check=check, status="pass" if check == "fields" else "not run", tests=0, tested=0,
                             untested=[], written_off=[]))
@@ -1144,7 +1150,8 @@ def verdict_line(checks: list[dict], level: float, num_tests: int, sent: int, el
     tested = sum(c["tested"] for c in checks)
     untested = [(c["check"], *u) for c in checks for u in c["untested"]]
     off = sum(len(c.get("written_off", [])) for c in checks)
-    off = f"; {off} test(s) in cells the pilot wrote off were not tested (see the notes)" if off else ""
+    off = (f"; {off} cell(s) not tested: written off by the pilot, or one text on both servers in a check whose "
+           "other cells were tested (see the report)") if off else ""
     if failed:
         c = min(failed, key=lambda c: c["adjusted_p"])
         more = f" (and {', '.join(f['check'] for f in failed if f is not c)})" if len(failed) > 1 else ""
@@ -1320,7 +1327,7 @@ def format_report(report: dict) -> str:
         lines.append(f"  {c['check']:<12} {c['status']:<13} {tested:>8} {c['p_value']:>9.2g} {c['adjusted_p']:>9.2g} "
                      f"{c['bound']:>9.3f}  {c['worst']} (statistic {c['statistic']:.3g})")
     lines += [f"  not tested: {c['check']}: {name}: {why}" for c in report["checks"] for name, why in c["untested"]]
-    lines += [f"  written off by the pilot, not tested: {c['check']}: {name}: {why}" for c in report["checks"]
+    lines += [f"  not tested, not held against the verdict: {c['check']}: {name}: {why}" for c in report["checks"]
               for name, why in c.get("written_off", [])]
     lines += [f"  note: {n}" for n in report["notes"]]
     return "\n".join(lines + [report["line"]])

@@ -139,7 +139,7 @@ def test_a_point_mass_cell_without_a_spare_is_written_off_with_its_reason():
     laws = next(c for c in report["checks"] if c["check"] == "laws")
     assert laws["status"] == "written off" and laws["untested"] == [] and len(laws["written_off"]) == 1
     assert report["exit_code"] == 0, report["line"]
-    assert "wrote off" in report["line"]
+    assert "written off by the pilot" in report["line"]
 
 
 def test_the_plan_names_checks_without_power_and_what_would_give_it():
@@ -158,3 +158,20 @@ def test_a_server_that_returns_no_logprobs_is_not_a_finding():
     assert status(report)["logprobs"] == "not run"
     assert any(n.startswith("logprobs: no audited penalty-cell answer came with a log-prob") for n in report["notes"])
     assert report["exit_code"] == 0, report["line"]
+
+
+def test_one_text_cell_is_set_aside_only_beside_tested_cells():
+    """A two-sample cell whose answers from both servers fell into one bin cannot reject (df 0): beside a tested cell
+    of its check it is listed and the audit can PASS; as its check's only cell it still makes it "could not judge"."""
+    from speclab.audit import TestResult, summarise, verdict_line
+    one = TestResult("laws", "'a' @ t1.0", math.nan, math.nan, 0, (300, 300), reason="every answer in one bin")
+    split = TestResult("laws", "'b' @ t1.0", 3.0, 0.4, 4, (300, 300), bound=0.2)
+    greedy = TestResult("greedy", "greedy", 0.0, 1.0, 1, (12, 12), bound=0.3)
+    checks = summarise([one, split, greedy], 0.01)
+    laws = next(c for c in checks if c["check"] == "laws")
+    assert laws["status"] == "pass" and laws["untested"] == [] and laws["written_off"] == [[one.name, one.reason]]
+    code, line = verdict_line(checks, 0.01, 3, 600, 1.0)
+    assert code == 0 and "one text on both servers" in line, line
+    alone = summarise([one, greedy], 0.01)
+    assert next(c for c in alone if c["check"] == "laws")["status"] == "not tested"
+    assert verdict_line(alone, 0.01, 2, 600, 1.0)[0] == 2
