@@ -54,9 +54,11 @@ Chapter 13 built `speclab audit`: send the same requests to a server with specul
 without it, and ask whether the two samples of completions could come from one law. In this lab you build the
 statistics of that audit yourself, from recorded samples, and use them to say which servers are broken and where.
 
-Four pairs of servers were recorded (the shipped tiny pair, `speclab serve` with speculation on and off). Each
+Seven pairs of servers were recorded (the shipped tiny pair, `speclab serve` with speculation on and off). Each
 recording holds three cells: a prompt and a sampling setting, sent 300 times to each server, with the first two
-tokens' text counted per server. Some audited servers had a bug planted in their sampler; some did not. The
+tokens' text counted per server. Some audited servers had a bug planted in their sampler; some did not. The bugs of
+the later pairs (`pair_5` on) come from the audit's fault corpus (`speclab.testing.FAULTS`): bugs modeled on real
+engines' bug reports (vLLM, SGLang, ...), or on a bug of the same kind where no public report was found. The
 recordings come with speclab (`speclab.audit.lab09_recording`), so this notebook runs anywhere speclab is installed.
 
 You will write: the prefix pooling of rare outcomes (Q1), the pooled two-sample chi-square test (Q2), Holm's
@@ -83,7 +85,7 @@ add("markdown", """
 completion text to how many times that server returned it.
 """)
 add("code", """
-PAIRS = ["pair_1", "pair_2", "pair_3", "pair_4"]
+PAIRS = [f"pair_{k}" for k in range(1, 8)]
 RECORDINGS = {name: lab09_recording(name) for name in PAIRS}
 cell = RECORDINGS["pair_1"]["cells"][0]
 print(cell["prompt"], cell["setting"], cell["n"], len(cell["audited"]), "distinct texts from the audited server")
@@ -211,16 +213,17 @@ n_for_010 = next(n for n in range(100, 100_000, 100) if tv_bound(n, n, 12, 0.01 
       "# HIDDEN\nint(n_for_010)",
       "# HIDDEN\nround(float(tv_bound(1000, 250, 6, 0.001)), 4)"])
 
-question("q5_verdict", [1, 1, 1, 1, 1, 1], r"""
+question("q5_verdict", [1] * (4 + len(HIDDEN)), r"""
 ## Question 5: which servers are broken, and where?
 
 Write `audit_recording(recording, level=0.01)`: run `two_sample` on every cell, adjust the p-values with `holm`, and
 return `("broken", (prompt, setting))` naming the cell with the smallest adjusted p-value when that value is below
 `level`, else `("exact", None)`.
 
-Then fill in `verdicts`: a dict from each of the four pair names to what `audit_recording` says about it. Look at the
-worst cell of a broken pair (the counts side by side): can you tell which kind of bug it is? (Not graded: compare with
-the bugs listed in Chapter 13.)
+Then fill in `verdicts`: a dict from each of the seven pair names to what `audit_recording` says about it. Look at
+the worst cell of a broken pair (the counts side by side): can you tell which kind of bug it is? (Not graded: compare
+with the bugs listed in Chapter 13 and in `speclab.testing.FAULTS`, most of which name the engine report they are
+modeled on.)
 """, '''
 def audit_recording(recording, level=0.01):
     "('broken', (prompt, setting)) of the worst cell if any Holm-adjusted p-value is below level, else ('exact', None)."
@@ -237,7 +240,8 @@ def audit_recording(recording, level=0.01):
 verdicts = {name: audit_recording(RECORDINGS[name]) for name in PAIRS}  # SOLUTION
 ''', ["sorted(verdicts)",
       "[verdicts[name][0] for name in PAIRS]",
-      "# HIDDEN\n[verdicts[name][1] for name in PAIRS]",
+      "# HIDDEN\n[verdicts[name][1] for name in PAIRS[:4]]",   # two tests: a list of all seven wraps its display
+      "# HIDDEN\n[verdicts[name][1] for name in PAIRS[4:]]",
       *[f"# HIDDEN\naudit_recording({json.dumps(HIDDEN[k], ensure_ascii=False)})" for k in sorted(HIDDEN)]])
 
 nb = {"cells": [], "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},

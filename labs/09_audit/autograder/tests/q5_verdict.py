@@ -1,12 +1,13 @@
 OK_FORMAT = True
 
 test = {   'name': 'q5_verdict',
-    'points': [1, 1, 1, 1, 1, 1],
-    'suites': [   {   'cases': [   {'code': ">>> sorted(verdicts)\n['pair_1', 'pair_2', 'pair_3', 'pair_4']", 'hidden': False, 'locked': False},
-                                   {'code': ">>> [verdicts[name][0] for name in PAIRS]\n['exact', 'broken', 'exact', 'broken']", 'hidden': False, 'locked': False},
-                                   {   'code': ">>> [verdicts[name][1] for name in PAIRS]\n[None, ('raise ValueError(', 't0.8,p0.6'), None, ('with open(', 't0.8,p0.6')]",
+    'points': [1, 1, 1, 1, 1, 1, 1, 1],
+    'suites': [   {   'cases': [   {'code': ">>> sorted(verdicts)\n['pair_1', 'pair_2', 'pair_3', 'pair_4', 'pair_5', 'pair_6', 'pair_7']", 'hidden': False, 'locked': False},
+                                   {'code': ">>> [verdicts[name][0] for name in PAIRS]\n['exact', 'broken', 'exact', 'broken', 'broken', 'exact', 'broken']", 'hidden': False, 'locked': False},
+                                   {   'code': ">>> [verdicts[name][1] for name in PAIRS[:4]]\n[None, ('raise ValueError(', 't0.8,p0.6'), None, ('with open(', 't0.8,p0.6')]",
                                        'hidden': True,
                                        'locked': False},
+                                   {'code': ">>> [verdicts[name][1] for name in PAIRS[4:]]\n[('with open(', 't0.8,p0.6'), None, ('with open(', 't1.0')]", 'hidden': True, 'locked': False},
                                    {   'code': ">>> audit_recording({'pair': 'hidden_1', 'cells': [{'prompt': 'In 1492,', 'setting': 't0.8,p0.6', 'fields': {'temperature': 0.8, 'top_p': 0.6}, "
                                                "'max_tokens': 1, 'n': 300, 'audited': {'\\n': 40, ' 0': 32, ' 2': 21, ' U': 18, ' 1': 17, '0': 13, ' (': 11, ' 6': 8, ' 3': 8, '\\n   ': 7, ' 8': 7, "
                                                '\'4\': 6, \' 5\': 6, \' so\': 5, \' 4\': 4, \' and\': 4, \' S\': 3, \' E\': 3, \'2\': 3, \'8\': 3, " \'": 3, \'3\': 3, \'10\': 3, \' D\': 3, \' but\': '
@@ -53,6 +54,38 @@ test = {   'name': 'q5_verdict',
                                                "'compile': 8, 'encoding': 6, 'class': 6, 'max': 6, 'option': 5, 'file': 5, 'find': 4, 'distribution': 4, 'command': 4, 'read': 4, 'parse': 4, 'me': 3, "
                                                "'text': 3, 'default': 3, 'size': 2, 'set': 2, 'add': 2, 're': 2, 'headers': 2}}]})\n"
                                                "('exact', None)",
+                                       'hidden': True,
+                                       'locked': False},
+                                   {   'code': ">>> audit_recording({'pair': 'hidden_4', 'cells': [{'prompt': 'In 1492,', 'setting': 't0.8,p0.6', 'fields': {'temperature': 0.8, 'top_p': 0.6}, "
+                                               "'max_tokens': 2, 'n': 300, 'audited': {' 0\\n': 41, '\\n\\n': 37, ' UN': 16, ' 0 0': 15, ' 0 1': 15, '\\n 0': 13, ' 28': 10, '08': 9, '\\n 1': 9, "
+                                               "'09': 9, ' 1\\n': 8, ' 20': 7, ' 29': 6, ' 24': 6, ' 1 1': 6, ' 26': 6, ' ##': 5, ' U+': 5, ' 44': 4, ' 1 0': 4, ' 23': 4, '05': 4, ' 32': 3, ' 21': "
+                                               "3, ' and the': 3, '07': 3, '06': 2, ' # latin': 2, ' 43': 2, ' 31': 2, ' 34': 2, ' and not': 2, ' 48': 2, ' 30': 2, ' #2': 2, ' (0': 2, '0,': 2, ' "
+                                               '(4\': 2, \' (12\': 1, \' and \\\\\': 1, " and \'": 1, \' # gre\': 1, \' and\\n   \': 1, \' #5\': 1, \' (max\': 1, \' # the\': 1, \' and (\': 1, \' '
+                                               "40': 1, ' #1': 1, ' 33': 1, ' (+': 1, ' #4': 1, ' 41': 1, ' # N': 1, ' (3': 1, ' and b': 1, ' (c': 1, ' (10': 1, ' # it': 1, ' (8': 1, ' and 1': 1, ' "
+                                               '(1\': 1, \' 27\': 1}, \'reference\': {\' 0x\': 67, \'\\n#\': 47, \' UN\': 23, "\\n \'": 13, \'08\': 11, \' U+\': 10, \' 19\': 8, \' 28\': 7, \'09\': '
+                                               "7, '07': 5, ' (0': 5, ' (c': 4, ' 16': 4, ' 13': 4, ' 23': 4, '06': 4, ' 18': 4, ' (10': 3, ' 29': 3, ' ##': 3, ' 27': 3, ' 20': 3, ' 24': 3, ' 199': "
+                                               "3, ' and not': 2, ' (3': 2, ' and 2': 2, ' 32': 2, ' 30': 2, ' (2': 2, ' 21': 2, ' 40': 2, ' (4': 2, ' (6': 2, ' 14': 2, ' 15': 2, ' 34': 1, ' and "
+                                               "\\\\': 1, ' 38': 1, ' 110': 1, ' (tuple': 1, ' (max': 1, ' (8': 1, ' (which': 1, ' 43': 1, ' and -': 1, ' 33': 1, ' # gre': 1, '05': 1, ' "
+                                               'and\\n           \': 1, \' and "\': 1, \' #5\': 1, \' 44\': 1, \'0,\': 1, \' 31\': 1, \' #3\': 1, \' 17\': 1, \' and a\': 1, \' # 2\': 1, \' (1\': 1, '
+                                               "' 42': 1, ' and\\n   ': 1, ' 41': 1, ' and\\n       ': 1}}, {'prompt': '    return self.', 'setting': 't0.8,p0.6', 'fields': {'temperature': 0.8, "
+                                               "'top_p': 0.6}, 'max_tokens': 2, 'n': 300, 'audited': {'tk.': 86, 'getget': 14, 'name\\n\\n   ': 12, 'dataget': 8, 'name ==': 6, 'datamax': 6, "
+                                               "'configure(': 6, 'tkget': 5, 'default_': 5, 'format(': 5, 'text\\n\\n   ': 4, 'findget': 4, 'write_': 4, 'getheaders': 4, 'raw.': 4, 'add(': 4, "
+                                               "'command.': 4, 'class(': 3, 'getdata': 3, 'option_': 3, 'headersget': 3, 'compile_': 3, 'rawsize': 3, 'distributionget': 3, 'data_': 2, 'maxget': 2, "
+                                               "'getcopy': 2, 'write(': 2, 'compile(': 2, 'maxdata': 2, 'getmax': 2, 'tkheaders': 2, 'dataheaders': 2, 'defaultget': 2, 'meget': 2, 'maxheaders': 2, "
+                                               "'size\\n\\n   ': 2, 'class_': 2, 'createget': 2, 'add_': 2, 'finddata': 2, 'gets': 2, 'getsize': 1, 'maxraw': 1, 'maxread': 1, 'text +': 1, "
+                                               "'createbuffer': 1, 'datadistribution': 1, 'create_': 1, 'sizeb': 1, 'findlineno': 1, 'tkmax': 1, 'tkdata': 1, 'getlineno': 1, 'tktk': 1, 'readtk': 1, "
+                                               "'size,': 1, 'distributionre': 1, 'create(': 1, 'rawget': 1, 'headerscur': 1, 'medata': 1, 'parsetk': 1, 'tkbuffer': 1, 'finds': 1, 'metk': 1, 'file_': "
+                                               "1, 'databuffer': 1, 'distributions': 1, 'readraw': 1, 'mecurrent': 1, 'data\\n\\n   ': 1, 'findencoding': 1, 'distributionmax': 1, 'file.': 1, "
+                                               "'datasplit': 1, 'findcopy': 1, 'maxmax': 1, 'datacompile': 1, 'getcreate': 1, 'createmax': 1, 'rawdistribution': 1, 'parsedata': 1, 'getscreen': 1, "
+                                               "'findfind': 1, 'datatell': 1, 'headersmax': 1, 'parsecreate': 1, 'getstack': 1, 'parseget': 1, 'getme': 1, 'data.': 1, 'findme': 1, 'getparse': 1, "
+                                               "'readget': 1, 'compileget': 1, 'findmax': 1, 'tkraw': 1, 'gettk': 1, 'distributioncreate': 1, 'maxtk': 1, 'datacur': 1, 'createcopy': 1, "
+                                               "'encoding\\n       ': 1}, 'reference': {'tk.': 116, 'get_': 33, 'format(': 15, 'name ==': 12, 'raw.': 7, 'data\\n\\n   ': 7, 'data.': 7, 'name\\n\\n   "
+                                               "': 7, 'create_': 6, 'option_': 5, 'distribution.': 5, 'find_': 5, 'write_': 5, 'configure(': 4, 'compile(': 4, 'write(': 4, 'data_': 3, 'set_': 3, "
+                                               "'command.': 3, 'create(': 3, 'headers\\n\\n   ': 3, 'rawsize': 3, 'text\\n\\n   ': 2, 'size ==': 2, 'headers.': 2, 'maxsize': 2, 'class(': 2, 'size_': "
+                                               "2, 'compile_': 2, 'memo': 2, 'maxline': 2, 'size,': 2, 're.': 2, 'add(': 2, 'size\\n\\n   ': 2, 'retry': 1, 'rawdata': 1, 'file\\n\\n   ': 1, "
+                                               "'default_': 1, 'add_': 1, 'read_': 1, 'encoding,': 1, 'encoding\\n\\n   ': 1, 'max_': 1, 'rer': 1, 'rever': 1, 'text +': 1, 'maxlen': 1, 'parse_': "
+                                               '1}}]})\n'
+                                               "('broken', ('In 1492,', 't0.8,p0.6'))",
                                        'hidden': True,
                                        'locked': False}],
                       'scored': True,
