@@ -1341,7 +1341,7 @@ def write_report(report: dict, out: str | Path | None = None, html_out: str | Pa
 
 # %% ../nbs/13_audit.ipynb #9905d542
 def lab09_recording(name: str) -> dict:
-    "Lab 09's recorded samples `name` (pair_1 ... pair_4), shipped with speclab: {'pair': name, 'cells': [...]}."
+    "Lab 09's recorded samples `name` (pair_1 ... pair_7), shipped with speclab: {'pair': name, 'cells': [...]}."
     from importlib.resources import files
     folder = files("speclab") / "data" / "lab09"
     names = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
