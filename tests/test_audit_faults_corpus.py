@@ -16,14 +16,14 @@ import pytest
 import torch
 from scipy import stats
 
-from speclab.audit import CHECKS, DEFAULT_PROMPTS, plan_audit, run_audit
+from speclab.audit import CHECKS
 from speclab.drafters import ModelDrafter
 from speclab.engine import SpecDecoder
 from speclab.metadata import SpecDecodeMetadata
 from speclab.request import SamplingParams
 from speclab.runner import prompt_logprobs
 from speclab.sampling import SamplingMetadata, rejection_sampler, sampling_probs
-from speclab.testing import FAULTS, _block_chain, audit_pair, faulty_sampler, plant_fault, tiny_random_pair
+from speclab.testing import FAULTS, _block_chain, faulty_sampler, plant_fault, tiny_random_pair
 
 pytestmark = pytest.mark.xdist_group("audit")      # one worker, one pair of servers at a time
 
@@ -212,22 +212,7 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def pair():
-    with audit_pair(max_num_seqs=16) as (url, reference_url, set_fault):
-        yield url, reference_url, set_fault
-
-
-def audit(pair, fault, **plan):
-    "Plant `fault` (None: the correct engine), run a small audit, return its report."
-    url, reference_url, set_fault = pair
-    set_fault(fault)
-    try:
-        kw = dict(prompts=DEFAULT_PROMPTS[:2], num_law_prompts=1, concurrency=8, settings={}, penalties={},
-                  num_seeds=0, concurrency_n=0, greedy_tokens=8)
-        return run_audit(url, reference_url, plan_audit(**{**kw, **plan}), progress=False, backoff=0.05)
-    finally:
-        set_fault(None)
+from test_audit import audit, pair  # noqa: E402,F401  (the chapter's audit helper and its fixture, one copy)
 
 
 @pytest.mark.parametrize("fault,plan,check,where", CASES, ids=[c[0] for c in CASES])

@@ -40,7 +40,7 @@ def test_audit_of_a_tree_server_passes(servers):
     report = run_audit(url, reference_url, plan, progress=False, backoff=0.05)
     assert report["exit_code"] == 0, report["line"]
     assert {c["check"]: c["status"] for c in report["checks"]} == dict.fromkeys(
-        ["fields", "laws", "penalties", "repeats", "concurrency", "seeds", "greedy"], "pass")
+        ["fields", "laws", "penalties", "repeats", "concurrency", "seeds", "greedy", "logprobs"], "pass")
     assert all(c["tested"] == c["tests"] for c in report["checks"])
     metrics = trees.engine.metrics
     assert metrics.num_draft_tokens > metrics.num_drafts       # several nodes a step: trees, not chains
