@@ -48,6 +48,11 @@ def _strip_magics(source: str) -> str:
     return "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
 
 
+def _names(question: str, name: str) -> bool:
+    "Whether `name` (from --only) names `question`: its whole name (q3_alpha) or its number (q3)."
+    return question == name or question.startswith(name + "_")
+
+
 def load_tests(tests_dir, only=None):
     "Parse OK-format test files: a list of (question, points per case, cases)."
     out = []
@@ -55,12 +60,18 @@ def load_tests(tests_dir, only=None):
         env = {}
         exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), env)
         test = env["test"]
-        if only and test["name"] not in only: continue
+        if only and not any(_names(test["name"], q) for q in only): continue
         cases = [c for suite in test["suites"] for c in suite["cases"]]
         pts = test.get("points")
         if isinstance(pts, list): per = [float(p) for p in pts]
         else: per = [float(pts if pts is not None else 1) / max(len(cases), 1)] * len(cases)
         out.append((test["name"], per, cases))
+    if only:
+        names = [path.stem for path in sorted(Path(tests_dir).glob("*.py"))]
+        unknown = sorted(q for q in only if not any(_names(name, q) for name, _, _ in out))
+        if unknown:
+            raise ValueError(f"only names no question of {tests_dir}: {', '.join(unknown)} (its questions: "
+                             f"{', '.join(names)})")
     return out
 
 
@@ -156,13 +167,17 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("notebook", nargs="+", help="one notebook (or several, run one after another in one process)")
     ap.add_argument("--tests", help="folder of OK-format test files (default: tests/ next to the notebook)")
-    ap.add_argument("--only", help="comma-separated question names, e.g. q3,q8")
+    ap.add_argument("--only", help="comma-separated questions, by name or number, e.g. q3,q8_sampler")
     ap.add_argument("--json", action="store_true", help="print the full report as JSON")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     only = a.only.split(",") if a.only else None
     if a.child:
         return _child([Path(nb).resolve() for nb in a.notebook], Path(a.tests).resolve(), only)
+    try:
+        load_tests(a.tests or Path(a.notebook[0]).resolve().parent / "tests", only)
+    except ValueError as e:
+        ap.error(f"--only: {e}")
     reports = check_notebooks(a.notebook, a.tests, only)
     if a.json:
         print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=1))

@@ -16,6 +16,8 @@ Elsewhere (the default on a machine without Quarto, or with `--offline`) it rend
    The lab (labs/08_acceptance: README and student notebook), an API index and benchmarks/RESULTS.md are added.
 
 Outputs saved in the notebooks are shown as saved; nothing is executed except what nbdev executes for `show_doc`.
+The site is the student's side of the course: the exercises' answer cells (`#| code-fold: true`, then `# Answer`)
+are left out, as the student release (labs/release.py) leaves them out.
 The result is a static folder (any static server, or GitHub Pages) with no CDN: every script, style, font and
 the math renderer load from the folder itself.
 """
@@ -385,6 +387,8 @@ def convert_nb(nb: dict, link: Linker, title_fallback: str = "", source: Path | 
             tags.append("remove-input")
         if dirs.get("output") == "false":
             tags.append("remove-output")
+        if "code-fold" in dirs and body.lstrip().startswith("# Answer"):
+            continue        # an exercise's answer: the site is the student's side (labs/release.py strips them too)
         if "code-fold" in dirs:
             tags.append("hide-input")
         if not body.strip() and not c.get("outputs"):
