@@ -970,8 +970,8 @@ def logprob_gaps(prompt: str, tokens: Sequence[str], logprobs: Sequence[float],
         return None
     out = []
     for token, returned, k in zip(tokens, logprobs, range(start, len(words))):
-        if words[k] != token or "\ufffd" in token or scores[k] is None:   # from here on the contexts differ
-            break
+        if words[k] != token or not token or "\ufffd" in token or scores[k] is None:
+            break                  # from here on the contexts differ, or the text cannot tell the tokens apart
         out.append((token, returned, scores[k]))
     return out or None
 

