@@ -206,6 +206,27 @@ def test_site_has_every_page(site):
     assert (out / "_static" / "mathjax" / "tex-chtml.js").exists()
 
 
+ANSWER = re.compile(r"\A#\|\s*code-fold:\s*true\s*\n#\s*Answer")     # labs/release.py's form of an answer cell
+
+
+def test_the_site_leaves_the_answers_out(site):
+    """The site is the student's side: no exercise's answer cell (`#| code-fold: true`, then `# Answer`) is on a page,
+    while the exercises themselves are."""
+    out, meta = site
+    answers, shown, exercises = 0, [], 0
+    for doc, nb_file in meta["notebooks"].items():
+        page = html.unescape(re.sub(r"<[^>]+>", "", (out / f"{doc}.html").read_text(encoding="utf-8")))
+        for cell in json.loads((ROOT / "nbs" / nb_file).read_text(encoding="utf-8"))["cells"]:
+            source = "".join(cell["source"])
+            if cell["cell_type"] == "code" and ANSWER.match(source):
+                answers += 1
+                first = source.splitlines()[1].strip()
+                shown += [f"{doc}: {first[:80]}"] if first in page else []
+        exercises += "Exercises" in page
+    assert answers >= 20 and exercises >= 10, (answers, exercises)
+    assert not shown, shown
+
+
 STREAM_BLOCK = re.compile(r'<div class="output stream[^"]*">\s*<div class="highlight[^"]*">\s*<pre>(.*?)</pre>', re.S)
 
 
