@@ -705,7 +705,9 @@ def cmd_grade(args: argparse.Namespace) -> int:
         if args.path and not Path(args.path).exists():
             raise FileNotFoundError(f"submission not found: {args.path}")
     if args.gradescope:
-        print(f"Gradescope autograder for {lab.name} written to {write_gradescope(lab, args.gradescope)}: "
+        with user_input("grade"):                    # a secret inside the repository: one line, no traceback
+            bundle = write_gradescope(lab, args.gradescope, secret=args.secret)
+        print(f"Gradescope autograder for {lab.name} written to {bundle}: "
               "upload that zip (the same files lie unpacked beside it)")
         return 0
     problem = sandbox_problem()
@@ -975,6 +977,8 @@ def _add_grade(sub):
     gr.add_argument("--out", help="results.json for one notebook (Gradescope's format); a .csv for a folder")
     gr.add_argument("--practice", action="store_true", help="grade without the sandbox (no root needed)")
     gr.add_argument("--gradescope", metavar="DIR", help="write a Gradescope autograder folder for the lab and exit")
+    gr.add_argument("--secret", metavar="FILE", help="with --gradescope: the instructor's seed file, outside the "
+                    "repository; each hidden exactness case takes its seed from it (Chapter 10)")
     gr.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     gr.set_defaults(func=cmd_grade)
 
@@ -1212,6 +1216,8 @@ def check_args(args: argparse.Namespace) -> None:
         _check_sweep(args, fail)
     if args.command == "grade" and not args.gradescope and not args.path:
         fail("give a submission (.ipynb) or a folder of them, or --gradescope DIR")
+    if args.command == "grade" and args.secret and not args.gradescope:
+        fail("--secret seeds a Gradescope bundle's hidden cases: give it with --gradescope DIR")
     check_before_loading(args, fail)
 
 # %% ../nbs/90_cli.ipynb #b4f0e004

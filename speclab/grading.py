@@ -6,17 +6,19 @@
 __all__ = ['SANDBOX_SCRIPT', 'FRESH', 'SYSTEM', 'STASHES', 'PRACTICE_COMMAND', 'WHEEL_FILES', 'SETUP_SH', 'RUN_AUTOGRADER',
            'BUNDLE', 'TestCase', 'read_tests', 'Lab', 'load_lab', 'Limits', 'sandbox_problem', 'sandbox_command',
            'GradingError', 'SandboxError', 'Sandbox', 'read_submission', 'verdict_from_draws', 'CaseResult',
-           'GradeReport', 'grade', 'write_results', 'grade_folder', 'build_wheel', 'frozen_requirements',
-           'write_gradescope']
+           'GradeReport', 'grade', 'write_results', 'grade_folder', 'build_wheel', 'frozen_requirements', 'read_secret',
+           'secret_seed', 'reseed_hidden', 'write_gradescope']
 
 # %% ../nbs/10_grading.ipynb #b0115760
 # The sandboxed child imports this module: the standard library and numpy only here (see `_child_main`).
 import ast
 import csv
 import doctest
+import hashlib
 import json
 import os
 import random
+import re
 import resource
 import select
 import shutil
@@ -874,6 +876,49 @@ exec env OMP_NUM_THREADS=1 /autograder/speclab-venv/bin/speclab grade "$submissi
     --out /autograder/results/results.json
 """
 
+# %% ../nbs/10_grading.ipynb #5ec4e701
+def read_secret(secret: str | Path, lab: Lab) -> bytes:
+    "The instructor's secret: a non-empty file outside the lab's repository (a file in it is published with it)."
+    path = Path(secret)
+    if not path.is_file() or path.stat().st_size == 0:
+        raise ValueError(f"secret must be a non-empty file, got {str(secret)!r}")
+    repo = next((p for p in (lab.path, *lab.path.parents) if (p / ".git").exists()), None)
+    if repo is not None and path.resolve().is_relative_to(repo):
+        raise ValueError(f"secret must lie outside the repository {str(repo)!r}, got {str(secret)!r}")
+    return path.read_bytes()
+
+def secret_seed(key: bytes, question: str, number: int) -> int:
+    "The seed of hidden case `number` of `question` under the instructor's secret `key` (SHA-256, below 2**31)."
+    digest = hashlib.sha256(key + f"\0{question}\0{number}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % 2 ** 31
+
+def _reseeded(code: str, old: int, seed: int) -> str:
+    "A draws case's code with `seed=old` in its expression (its last `>>>` line) made `seed=seed`."
+    lines = code.split("\n")
+    last = max(i for i, line in enumerate(lines) if line.lstrip().startswith(">>>"))
+    lines[last] = re.sub(rf"\bseed\s*=\s*{old}\b", f"seed={seed}", lines[last], count=1)
+    return "\n".join(lines)
+
+def reseed_hidden(tests_dir: str | Path, key: bytes) -> list[str]:
+    """Give every hidden exactness case (`exactness_verdict(..., seed=S)`) in the OK-format files of `tests_dir` the
+    seed `secret_seed` draws from `key`, in place; the cases changed. Their expected 'PASS' holds at any seed."""
+    changed = []
+    for path in sorted(Path(tests_dir).glob("*.py")):
+        test = _ok_test(path)
+        raw = [c for suite in test["suites"] for c in suite["cases"]]
+        mine = []
+        for number, case in enumerate(raw, 1):
+            parsed = _case(test["name"], number, case["code"], case["hidden"], 1.0)
+            if not (parsed.hidden and parsed.draws):
+                continue
+            case["code"] = _reseeded(case["code"], parsed.draws["seed"], secret_seed(key, test["name"], number))
+            mine.append(parsed.name)
+        if mine:
+            path.write_text(f"OK_FORMAT = True\n\ntest = {test!r}\n", encoding="utf-8")
+        changed += mine
+    return changed
+
+
 # %% ../nbs/10_grading.ipynb #e0b5a6b4
 BUNDLE = ("setup.sh", "run_autograder", "constraints.txt", "wheels", "lab", "autograder.zip")
 
@@ -896,9 +941,12 @@ def _zip_folder(folder: Path, path: Path) -> Path:
             z.writestr(info, file.read_bytes())
     return path
 
-def write_gradescope(lab: Lab, out: str | Path, wheel: str | Path | None = None) -> Path:
-    "Gradescope's autograder for `lab`, unpacked in `out` and zipped as out/autograder.zip (returned: upload it)."
+def write_gradescope(lab: Lab, out: str | Path, wheel: str | Path | None = None,
+                     secret: str | Path | None = None) -> Path:
+    """Gradescope's autograder for `lab`, unpacked in `out` and zipped as out/autograder.zip (returned: upload it).
+    `secret`, the instructor's seed file outside the repository: each hidden exactness case takes its seed from it."""
     out = Path(out)
+    key = None if secret is None else read_secret(secret, lab)
     if wheel is not None and not (Path(wheel).is_file() and Path(wheel).name.startswith("speclab-")
                                   and Path(wheel).suffix == ".whl"):
         raise ValueError(f"wheel must be a built speclab-*.whl file, got {str(wheel)!r}")
@@ -923,6 +971,8 @@ def write_gradescope(lab: Lab, out: str | Path, wheel: str | Path | None = None)
         + "".join(f"{line}\n" for line in frozen))
     shutil.copytree(lab.path / "autograder", out / "lab" / "autograder",
                     ignore=shutil.ignore_patterns("__pycache__", ".ipynb_checkpoints"))
+    if key is not None:
+        reseed_hidden(out / "lab" / "autograder" / "tests", key)
     (out / "setup.sh").write_text(SETUP_SH.replace("@TORCH_PIN@", torch_pin).replace("@PYTHON@", version))
     (out / "run_autograder").write_text(RUN_AUTOGRADER.replace("@NOTEBOOK@", notebook))
     for name in ("run_autograder", "setup.sh"):

@@ -35,7 +35,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from speclab.grading import (RUN_AUTOGRADER, build_wheel, frozen_requirements, load_lab, sandbox_problem,
-                             write_gradescope)
+                             secret_seed, write_gradescope)
 
 pytestmark = pytest.mark.xdist_group("gradescope")   # one worker: its module fixtures are built once
 
@@ -235,6 +235,37 @@ def test_rewriting_a_bundle_replaces_it(wheel, tmp_path):
     first = write_gradescope(lab, tmp_path / "gs", wheel=wheel).read_bytes()
     (tmp_path / "gs" / "lab" / "autograder" / "stale.txt").write_text("from an older bundle")
     assert write_gradescope(lab, tmp_path / "gs", wheel=wheel).read_bytes() == first
+
+
+def test_a_secret_reseeds_the_hidden_exactness_cases_of_the_bundle_only(wheel, tmp_path):
+    """With the instructor's secret, the bundle's hidden exactness cases take seeds derived from it (the same secret,
+    the same seeds), every other case is unchanged, the lab in the repository is untouched, and a secret inside the
+    repository is refused before anything is written."""
+    folder = ROOT / "labs" / "08_acceptance"
+    before = {p.name: p.read_bytes() for p in (folder / "autograder" / "tests").glob("*.py")}
+    lab = load_lab(folder)
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"an instructor's words")
+    seeds = []
+    for k in range(2):
+        bundled = load_lab(write_gradescope(lab, tmp_path / f"gs{k}", wheel=wheel, secret=secret).parent / "lab")
+        seeds.append({c.name: c.draws["seed"] for c in bundled.cases if c.draws and c.hidden})
+        assert [c for c in bundled.cases if not (c.draws and c.hidden)] == [c for c in lab.cases
+                                                                            if not (c.draws and c.hidden)]
+    original = {c.name: c.draws["seed"] for c in lab.cases if c.draws and c.hidden}
+    assert len(original) >= 4 and seeds[0] == seeds[1] and seeds[0].keys() == original.keys()
+    assert all(seeds[0][name] == secret_seed(secret.read_bytes(), name.split()[0], int(name.split()[-1]))
+               for name in original)
+    assert not set(seeds[0].values()) & set(original.values())
+    assert {p.name: p.read_bytes() for p in (folder / "autograder" / "tests").glob("*.py")} == before
+    inside = folder / "secret.txt"
+    inside.write_text("published with the repository")
+    try:
+        with pytest.raises(ValueError, match="secret must lie outside the repository"):
+            write_gradescope(lab, tmp_path / "refused", wheel=wheel, secret=inside)
+    finally:
+        inside.unlink()
+    assert not (tmp_path / "refused").exists()
 
 
 # ---------------------------------------------------------------------------------- Gradescope, as it runs it
