@@ -297,7 +297,7 @@ def markdown(report: dict) -> str:
               "|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         bias = "raises" if r["bias_tv"] is None else f"{r['bias_tv']:.2g}" + (" (exact)" if r["bias_exact"] else "")
-        model = "" if r["modelled_catch"] is None else f"{r['modelled_catch']:.3f}"
+        model = "" if r["modelled_catch"] is None else f"{r['modelled_catch']:.4f}"
         lines.append(f"| {r['name']} | {r['kind']} | {r['failed']} / {r['gradings']} | "
                      f"[{r['fail_rate_ci95'][0]:.3f}, {r['fail_rate_ci95'][1]:.3f}] | {bias} | {model} | "
                      f"{r['seconds_per_grading']:.2f} |")
