@@ -1,5 +1,4 @@
 """Plain Python, no numpy calls but rng.random(): a loop over cumulative sums for both draws."""
-import numpy as np
 
 
 def pick(weights, u):

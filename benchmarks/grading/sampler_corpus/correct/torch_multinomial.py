@@ -1,5 +1,4 @@
 """torch: a torch.Generator seeded from rng per call, torch.multinomial for both draws, torch.rand for the coin."""
-import numpy as np
 import torch
 
 

@@ -3,6 +3,6 @@ import numpy as np
 
 
 def accept_reject(p, q, rng):
-    x = int(rng.choice(len(q), p=q))
+    rng.choice(len(q), p=q)                      # the draft, drawn and then ignored
     residual = np.maximum(p - q, 0.0)
     return int(rng.choice(len(p), p=residual / residual.sum()))

@@ -1,6 +1,5 @@
 """On a rejection draws the recovered token from p, not from norm(max(p - q, 0)) (speclab.testing.FAULTS
 'recovered_from_p', speclab.proof.resample_from_p_sampler)."""
-import numpy as np
 
 
 def accept_reject(p, q, rng):

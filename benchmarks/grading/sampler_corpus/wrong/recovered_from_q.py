@@ -1,6 +1,5 @@
 """On a rejection draws again from the drafter's q (the draft's row reused where the target's residual belongs, as
 FAULTS 'bonus_from_draft' does for the bonus)."""
-import numpy as np
 
 
 def accept_reject(p, q, rng):

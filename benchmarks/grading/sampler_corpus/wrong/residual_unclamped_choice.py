@@ -1,5 +1,4 @@
 """The residual p - q without the clamp at 0, handed to rng.choice: it raises on negative probabilities."""
-import numpy as np
 
 
 def accept_reject(p, q, rng):
