@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['step_seconds', 'RooflineFit', 'fit_ridge', 'measure_roofline', 'measured_crossing', 'fit_line', 'calibrate_costs',
-           'SyntheticSampler', 'sweep_prompts', 'sweep_work', 'measure_points', 'measure_point', 'pass_rates', 'sweep',
-           'tiny_pair_drafters', 'torch_threads', 'sweep_tiny_pair']
+           'SyntheticSampler', 'sweep_prompts', 'sweep_work', 'sweep_blocks', 'measure_points', 'measure_point',
+           'pass_rates', 'sweep', 'tiny_pair_drafters', 'torch_threads', 'sweep_tiny_pair']
 
 # %% ../nbs/09c_sweep.ipynb #c4616a5e
 import math
@@ -20,6 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .request import SamplingParams
+from .config import EngineConfig
 from .drafters import ModelDrafter, NgramDrafter
 from .engine import SpecDecoder
 from .policy import StepCosts
@@ -167,6 +168,13 @@ def sweep_work(prompts: list, batch: int) -> list:
     "The requests of one sweep point: `prompts` cycled to fill whole batches of `batch` (every prompt at least once)."
     return [prompts[i % len(prompts)] for i in range(math.ceil(max(len(prompts), batch) / batch) * batch)]
 
+def sweep_blocks(work: list, batch: int, params: SamplingParams, kappa: int) -> int:
+    """KV blocks one sweep point needs: `batch` running requests, each at its longest (its prompt, every token it may
+    emit, the draft slots of its last step). The engine's own default is a full batch at the model's full context:
+    at batch 32 that is 1024 blocks, 192 MB of the tiny target's K/V per engine where 224 blocks do."""
+    longest = max(len(prompt) for prompt in work)
+    return batch * EngineConfig(kappa=kappa).request_blocks(longest, params.max_tokens)
+
 def measure_points(target: Llama, drafter: ModelDrafter | NgramDrafter, prompts: list, batch: int,
                    params: SamplingParams, kappa: int, tokenizer: Any = None,
                    rate_sets: Sequence[Sequence[float] | None] = (None,), repeats: int = 2, seed: int = 0) -> list:
@@ -180,7 +188,8 @@ def measure_points(target: Llama, drafter: ModelDrafter | NgramDrafter, prompts:
     samplers = [None if rates is None else SyntheticSampler(rates) for rates in rate_sets]   # None: the engine's own
     work = sweep_work(prompts, batch)
     batches = [work[i:i + batch] for i in range(0, len(work), batch)]
-    sizes = dict(max_num_seqs=batch, enable_prefix_caching=False)
+    sizes = dict(max_num_seqs=batch, enable_prefix_caching=False,
+                 num_blocks=sweep_blocks(work, batch, params, kappa))   # the pool the work needs, no more
     engines = [SpecDecoder(target, None, tokenizer, kappa=0, seed=seed, **sizes)]          # plain decoding first
     engines += [SpecDecoder(target, drafter, tokenizer, kappa=kappa, seed=seed, sampler=s, **sizes) for s in samplers]
     best = [(math.inf, 0)] * len(engines)
@@ -211,9 +220,9 @@ def measure_point(target: Llama, drafter: ModelDrafter | NgramDrafter, prompts: 
 def pass_rates(target: Llama, drafter: ModelDrafter | NgramDrafter, prompts: list, batch: int,
                params: SamplingParams, kappa: int, tokenizer: Any = None, seed: int = 0) -> list:
     "Per-position acceptance rates of one exact pass over a point's work: the pass its exact engine makes first."
-    engine = SpecDecoder(target, drafter, tokenizer, kappa=kappa, seed=seed, max_num_seqs=batch,
-                         enable_prefix_caching=False)
     work = sweep_work(prompts, batch)
+    engine = SpecDecoder(target, drafter, tokenizer, kappa=kappa, seed=seed, max_num_seqs=batch,
+                         enable_prefix_caching=False, num_blocks=sweep_blocks(work, batch, params, kappa))
     for i in range(0, len(work), batch):
         _timed(engine, work[i:i + batch], params)
     return engine.metrics.per_position

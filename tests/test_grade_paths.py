@@ -146,7 +146,7 @@ def test_out_in_the_project_root(lab, tmp_path):
 @pytest.mark.slow
 def test_readme_command_grades_the_master_notebook():
     """The README's command exactly, from the project root: Lab 08's master notebook, which sits in the lab's own
-    folder inside the checkout, earns all 47 points (it scored 0: 'the grading sandbox did not start')."""
+    folder inside the checkout, earns all 49 points (it scored 0: 'the grading sandbox did not start')."""
     out = ROOT / f"speclab-test-{uuid.uuid4().hex[:8]}.json"
     try:
         done = speclab_grade(sys.executable, "labs/08_acceptance/acceptance.ipynb", "--lab", "labs/08_acceptance",
@@ -154,7 +154,7 @@ def test_readme_command_grades_the_master_notebook():
         results = graded(done, out)
     finally:
         out.unlink(missing_ok=True)
-    assert results["score"] == load_lab(ROOT / "labs" / "08_acceptance").max_score == 47, results["output"]
+    assert results["score"] == load_lab(ROOT / "labs" / "08_acceptance").max_score == 49, results["output"]
 
 
 # ---------------------------------------------------------------------------------- beside the environment

@@ -187,9 +187,9 @@ def solution_report(lab08, tmp_path_factory):
 
 @pytest.mark.slow
 def test_solution_scores_full_marks(solution_report, lab08):
-    "The autograder notebook (the solution) earns every point of Lab 08 (47), with no message."
+    "The autograder notebook (the solution) earns every point of Lab 08 (49), with no message."
     report = solution_report
-    assert lab08.max_score == 47
+    assert lab08.max_score == 49
     assert report.score == report.max_score == lab08.max_score, report.summary()
     assert all(r.passed for r in report.results)
     assert report.messages == []
@@ -203,7 +203,7 @@ def test_gradescope_json_shape(solution_report, lab08):
     or its expression; the whole dict round-trips through JSON."""
     gs = solution_report.gradescope()
     assert json.loads(json.dumps(gs)) == gs
-    assert gs["score"] == 47 and isinstance(gs["execution_time"], (int, float)) and gs["execution_time"] > 0
+    assert gs["score"] == 49 and isinstance(gs["execution_time"], (int, float)) and gs["execution_time"] > 0
     assert isinstance(gs["output"], str) and gs["output"]
     assert gs["practice"] is solution_report.practice
     questions = list(dict.fromkeys(c.question for c in lab08.cases))
@@ -212,7 +212,7 @@ def test_gradescope_json_shape(solution_report, lab08):
         assert set(t) >= {"name", "score", "max_score", "visibility", "output"}
         assert t["visibility"] in {"visible", "after_published"}
         assert t["score"] == t["max_score"]
-    assert sum(t["max_score"] for t in gs["tests"]) == 47
+    assert sum(t["max_score"] for t in gs["tests"]) == 49
     hidden_text = "\n".join(t["name"] + "\n" + t["output"] for t in gs["tests"] if t["visibility"] == "after_published")
     for case in (c for c in lab08.cases if c.hidden):
         assert case.expr not in hidden_text, case.name
@@ -231,7 +231,7 @@ def test_student_notebook_scores_zero(lab08, tmp_path):
     path = tmp_path / "acceptance.ipynb"
     shutil.copy(STUDENT_NB, path)
     report = grade(path, lab08, limits=Limits(cell_seconds=60, test_seconds=30, total_seconds=300))
-    assert report.score == 0 and report.max_score == 47, report.summary()
+    assert report.score == 0 and report.max_score == 49, report.summary()
     assert all(not r.passed for r in report.results)
     assert all(r.feedback.startswith("expected ") for r in report.results if not r.case.hidden)
     assert all(r.feedback == "failed" for r in report.results if r.case.hidden)
@@ -254,7 +254,7 @@ def _without_sweep(tmp_path, name, replace=None):
 def test_solution_without_sweep_loses_only_q5(lab08, points, tmp_path):
     "The solution without Q5's cells earns everything but Q5 (the baseline of the wrong-answer tests below)."
     report = grade(_without_sweep(tmp_path, "nosweep.ipynb"), lab08, limits=Limits(total_seconds=300))
-    assert report.score == 47 - points["q5"] == 41, report.summary()
+    assert report.score == 49 - points["q5"] == 43, report.summary()
     assert all(r.passed == (not r.case.question.startswith("q5")) for r in report.results)
 
 
@@ -290,7 +290,7 @@ def test_one_wrong_answer_loses_exactly_its_points(lab08, points, tmp_path):
     failed = [r.case.name for r in report.results if not r.passed and not r.case.question.startswith("q5")]
     assert failed == [f"q1_rates {'hidden' if n > 2 else 'public'} case {n}" for n in range(1, 6)] + [
         "q2_mean_length public case 2", "q6_iid hidden case 5"], report.summary()
-    assert report.score == 47 - points["q5"] - points["q1"] - 2 == 34
+    assert report.score == 49 - points["q5"] - points["q1"] - 2 == 36
     assert public_feedback(report, "q1_rates") == [
         "expected [0.7744, 0.5608, 0.3728, 0.2264], got [0.7738, 0.5604, 0.3725, 0.2262]",
         "expected [0.7744, 0.7242, 0.6648, 0.6073], got [0.7738, 0.5604, 0.3725, 0.2262]"]
@@ -307,7 +307,7 @@ def test_one_wrong_independent_answer_loses_exactly_its_question(lab08, points, 
     report = grade(path, lab08, limits=Limits(total_seconds=300))
     failed = {r.case.question for r in report.results if not r.passed and not r.case.question.startswith("q5")}
     assert failed == {"q4_kappa"}, report.summary()
-    assert report.score == 47 - points["q5"] - points["q4"], report.summary()
+    assert report.score == 49 - points["q5"] - points["q4"], report.summary()
     assert public_feedback(report, "q4_kappa")[0].startswith("expected 2.8495, got ")
 
 
@@ -316,7 +316,7 @@ def test_wrong_only_on_a_hidden_input_loses_one_point(lab08, points, tmp_path):
     zeros: exactly that one hidden point is lost, and its feedback says only 'failed'."""
     path = _without_sweep(tmp_path, "naive_q1.ipynb", {"def unconditional_rates": NAIVE_Q1})
     report = grade(path, lab08, limits=Limits(total_seconds=300))
-    assert report.score == 47 - points["q5"] - 1, report.summary()
+    assert report.score == 49 - points["q5"] - 1, report.summary()
     failed = [r for r in report.results if not r.passed and not r.case.question.startswith("q5")]
     assert [(r.case.name, r.feedback) for r in failed] == [("q1_rates hidden case 4", "failed")]
     assert "ZeroDivisionError" not in report.summary() and "ZeroDivisionError" not in json.dumps(report.gradescope())
@@ -359,7 +359,7 @@ def test_bad_input_is_not_graded_with_a_clear_message(kind, lab08, tmp_path):
     with pytest.raises(ValueError, match="."):
         read_submission(path, lab08)
     report = grade(path, lab08, limits=FAST)
-    assert report.score == 0 and report.max_score == 47
+    assert report.score == 0 and report.max_score == 49
     assert len(report.messages) == 1 and report.messages[0].startswith("not graded: ")
     assert why in report.messages[0], report.messages
     assert all(not r.passed for r in report.results)
