@@ -38,11 +38,12 @@ INSTRUCTOR_ONLY = [
     ("labs/*/record.py", "records Lab 09's samples and names which servers are broken"),
     ("labs/*/corpus/**", "a lab's bug corpus: correct implementations of its questions among the wrong ones"),
     ("benchmarks/grading/*_corpus/**", "a grading bug corpus: correct implementations among the wrong ones"),
+    ("benchmarks/grading/*_corpus*", "measures a lab's grading against its bug corpus (correct implementations in it)"),
     (STUDENT_README, "becomes the release's README.md"),
 ]
 # A file of tests/ that names any of these reads the instructor's side (a master, the autograder's tests, a corpus).
 INSTRUCTOR_MARKERS = ("autograder", "hidden_recordings", "labkit", "build_master", "record.py", "assign.py",
-                      "acceptance.ipynb", "audit.ipynb", "sampler_corpus", "lab06_corpus")
+                      "acceptance.ipynb", "audit.ipynb", "sampler_corpus", "lab06_corpus", "lab06_mistakes")
 ANSWER = re.compile(r"\A#\|\s*code-fold:\s*true\s*\n#\s*Answer")
 
 
