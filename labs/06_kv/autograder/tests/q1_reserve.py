@@ -15,15 +15,11 @@ test = {   'name': 'q1_reserve',
                                                ">>> s = m.allocate_slots('a')\n"
                                                ">>> n = m.commit('a', 0, 0, [100])\n"
                                                ">>> s = m.allocate_slots('a', 3)\n"
-                                               ">>> (s.positions, s.slot_mapping, r.num_computed_tokens, m.block_table('a'), refusal(lambda: m.allocate_slots('a', 1), 'in flight'))\n"
-                                               '([10, 11, 12, 13],\n'
-                                               ' [10, 11, 12, 13],\n'
-                                               ' 14,\n'
-                                               ' [0, 1, 2, 3],\n'
-                                               ' "refused, saying \'in flight\'")',
+                                               ">>> (s.positions, s.slot_mapping, r.num_computed_tokens, m.block_table('a'))\n"
+                                               '([10, 11, 12, 13], [10, 11, 12, 13], 14, [0, 1, 2, 3])',
                                        'hidden': False,
                                        'locked': False},
-                                   {'code': ">>> fuzz(alone('q1'), range(10), steps=40)[0]\n{}", 'hidden': False, 'locked': False},
+                                   {'code': ">>> fuzz(alone('q1'), range(10))[0]\n{}", 'hidden': False, 'locked': False},
                                    {   'code': ">>> m = alone('q1')(8, 4)\n"
                                                ">>> a = add_prompt(m, 'a', range(10, 19))\n"
                                                ">>> s = m.allocate_slots('a')\n"
@@ -32,8 +28,8 @@ test = {   'name': 'q1_reserve',
                                                ">>> c = add_prompt(m, 'c', [*range(10, 18), 99])\n"
                                                ">>> need = m.blocks_needed('a', 2)\n"
                                                ">>> s = m.allocate_slots('a', 2)\n"
-                                               ">>> (need, s.positions, a.num_computed_tokens, m.block_table('a')[:2] == m.block_table('c'), m.free_blocks)\n"
-                                               '(1, [8, 9, 10, 11], 12, True, 5)',
+                                               ">>> (need, s.positions, m.block_table('a')[:2] == m.block_table('c'), refusal(lambda: m.allocate_slots('a', 1), 'in flight'))\n"
+                                               '(1, [8, 9, 10, 11], True, "refused, saying \'in flight\'")',
                                        'hidden': True,
                                        'locked': False},
                                    {   'code': ">>> m = alone('q1')(6, 4)\n"
@@ -45,12 +41,12 @@ test = {   'name': 'q1_reserve',
                                                '("refused, saying \'out of KV blocks\'", \'refused\', True)',
                                        'hidden': True,
                                        'locked': False},
-                                   {'code': ">>> (fuzz(alone('q1'), range(1000, 1030))[0], fuzz(alone('q1'), range(1100, 1130), sliding_window=6)[0])\n({}, {})", 'hidden': True, 'locked': False},
-                                   {   'code': ">>> (fuzz(alone('q1'), range(1200, 1230), num_blocks=12, block_size=2)[0], fuzz(alone('q1'), range(1300, 1330), enable_prefix_caching=False)[0])\n"
+                                   {'code': ">>> (fuzz(alone('q1'), range(1000, 1010))[0], fuzz(alone('q1'), range(1100, 1110), sliding_window=6)[0])\n({}, {})", 'hidden': True, 'locked': False},
+                                   {   'code': ">>> (fuzz(alone('q1'), range(1200, 1210), num_blocks=12, block_size=2)[0], fuzz(alone('q1'), range(1300, 1310), enable_prefix_caching=False)[0])\n"
                                                '({}, {})',
                                        'hidden': True,
                                        'locked': False},
-                                   {   'code': ">>> (fuzz(alone('q1'), range(1400, 1430), cancels=True)[0], fuzz(alone('q1'), range(1500, 1530), num_blocks=12, block_size=1)[0])\n({}, {})",
+                                   {   'code': ">>> (fuzz(alone('q1'), range(1400, 1410), cancels=True)[0], fuzz(alone('q1'), range(1500, 1510), num_blocks=12, block_size=1)[0])\n({}, {})",
                                        'hidden': True,
                                        'locked': False}],
                       'scored': True,

@@ -12,18 +12,13 @@ test = {   'name': 'q4_cancel',
                                                '((0, None, {}), [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10])',
                                        'hidden': False,
                                        'locked': False},
-                                   {'code': ">>> fuzz(alone('q4'), range(10), steps=40, cancels=True)[0]\n{}", 'hidden': False, 'locked': False},
+                                   {'code': ">>> fuzz(alone('q4'), range(10), cancels=True)[0]\n{}", 'hidden': False, 'locked': False},
                                    {   'code': ">>> m = alone('q4')(6, 4)\n"
                                                ">>> r = add_prompt(m, 'f', range(20, 29))\n"
                                                ">>> s = m.allocate_slots('f', 2)\n"
                                                '>>> before = manager_state(m)\n'
-                                               ">>> ([refusal(lambda: m.cancel('f', v), 'num_computed_tokens') for v in (10, -1, 2.0, True, None)], manager_state(m) == before)\n"
-                                               '(["refused, saying \'num_computed_tokens\'",\n'
-                                               '  "refused, saying \'num_computed_tokens\'",\n'
-                                               '  "refused, saying \'num_computed_tokens\'",\n'
-                                               '  "refused, saying \'num_computed_tokens\'",\n'
-                                               '  "refused, saying \'num_computed_tokens\'"],\n'
-                                               ' True)',
+                                               ">>> (sorted({refusal(lambda: m.cancel('f', v), 'num_computed_tokens') for v in (10, -1, 2.0, True, None)}), manager_state(m) == before)\n"
+                                               '(["refused, saying \'num_computed_tokens\'"], True)',
                                        'hidden': True,
                                        'locked': False},
                                    {   'code': ">>> m = alone('q4')(6, 4)\n"
@@ -46,10 +41,10 @@ test = {   'name': 'q4_cancel',
                                                '([0, 1], [9, 10, 11, 12], 12, [])',
                                        'hidden': True,
                                        'locked': False},
-                                   {   'code': ">>> (fuzz(alone('q4'), range(4000, 4030), cancels=True)[0], fuzz(alone('q4'), range(4100, 4130), cancels=True, sliding_window=6)[0])\n({}, {})",
+                                   {   'code': ">>> (fuzz(alone('q4'), range(4000, 4010), cancels=True)[0], fuzz(alone('q4'), range(4100, 4110), cancels=True, sliding_window=6)[0])\n({}, {})",
                                        'hidden': True,
                                        'locked': False},
-                                   {   'code': ">>> (fuzz(alone('q4'), range(4200, 4230), cancels=True, num_blocks=12, block_size=2)[0], fuzz(alone('q4'), range(4300, 4330), cancels=True, "
+                                   {   'code': ">>> (fuzz(alone('q4'), range(4200, 4210), cancels=True, num_blocks=12, block_size=2)[0], fuzz(alone('q4'), range(4300, 4310), cancels=True, "
                                                'enable_prefix_caching=False)[0])\n'
                                                '({}, {})',
                                        'hidden': True,
