@@ -194,6 +194,9 @@ def markdown(result: dict) -> str:
         lines.append(f"| {name} | {r['hidden_scenarios_failed'] or '-'} | {r['failed_workloads']} of "
                      f"{r['workloads_per_config']} per configuration | {r['suite_draws']} | "
                      f"[{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] |")
+    if result.get("false_fail_pooled"):
+        r = result["false_fail_pooled"]
+        lines.append(f"| both, pooled | - | - | {r['suite_draws']} | [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] |")
     if result.get("grading"):
         g = result["grading"]
         lines += ["", f"`speclab grade` of the master: {g['seconds']} s ({g['last_summary_line']})."]
@@ -224,6 +227,11 @@ def main(argv=None):
     master = json.loads(MASTER.read_text(encoding="utf-8"))
     answers = {"master": master, "correct, gives blocks back at once": with_answers(CORRECT_TRIM)}
     result["false_fail"] = false_fails(cases, configs, ref, answers, a.traces) if a.traces else {}
+    if result["false_fail"]:
+        rows = result["false_fail"].values()
+        draws, failed = sum(r["suite_draws"] for r in rows), sum(r["failed_workloads"] > 0 for r in rows)
+        result["false_fail_pooled"] = {"suite_draws": draws, "failed_suite_draws": failed if not failed else "at least 1",
+                                       "ci": list(clopper_pearson(failed, draws))}
     result["grading"] = None if a.no_grade else grading_time(a.grade_runs)
     (HERE / "lab06_corpus.json").write_text(json.dumps(result, indent=1) + "\n")
     (HERE / "lab06_corpus.md").write_text(markdown(result))
