@@ -1,7 +1,7 @@
 """Lab 06 (KV rollback): how often the hidden tests catch each planted mistake, how often they fail a correct answer,
 and how long grading the master takes.
 
-    .venv/bin/python benchmarks/grading/lab06_corpus.py                       # the full measurement (about an hour)
+    .venv/bin/python benchmarks/grading/lab06_corpus.py                       # the full measurement
     .venv/bin/python benchmarks/grading/lab06_corpus.py --seeds 20 --traces 40 --no-grade   # a quick look
 
 The hidden tests of each question are of two kinds: scenarios (fixed operations, judged exactly) and fuzz cases, each
@@ -190,7 +190,7 @@ def markdown(result: dict) -> str:
                      f"({r['fuzz_power_ci_low']:.4f}) | {r['catch_rate']:.4f} |")
     lines += ["", "| correct answer | hidden scenarios failed | failed workloads | fresh suite draws | "
               "false-fail rate, 95% CI |", "|---|---|---|---|---|"]
-    for name, r in result["false_fail"].items():
+    for name, r in result.get("false_fail", {}).items():
         lines.append(f"| {name} | {r['hidden_scenarios_failed'] or '-'} | {r['failed_workloads']} of "
                      f"{r['workloads_per_config']} per configuration | {r['suite_draws']} | "
                      f"[{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] |")
@@ -224,6 +224,7 @@ def main(argv=None):
         for bug in [b for b in BUGS if not any(k in b for k in keep)]:
             del BUGS[bug]
     result["catch"] = catch_rates(cases, configs, ref, a.seeds)
+    write(result)
     master = json.loads(MASTER.read_text(encoding="utf-8"))
     answers = {"master": master, "correct, gives blocks back at once": with_answers(CORRECT_TRIM)}
     result["false_fail"] = false_fails(cases, configs, ref, answers, a.traces) if a.traces else {}
@@ -232,10 +233,16 @@ def main(argv=None):
         draws, failed = sum(r["suite_draws"] for r in rows), sum(r["failed_workloads"] > 0 for r in rows)
         result["false_fail_pooled"] = {"suite_draws": draws, "failed_suite_draws": failed if not failed else "at least 1",
                                        "ci": list(clopper_pearson(failed, draws))}
+    write(result)
     result["grading"] = None if a.no_grade else grading_time(a.grade_runs)
+    write(result)
+    print(markdown(result))
+
+
+def write(result: dict) -> None:
+    "Save what is measured so far (each part takes minutes: an interrupted run keeps the parts it finished)."
     (HERE / "lab06_corpus.json").write_text(json.dumps(result, indent=1) + "\n")
     (HERE / "lab06_corpus.md").write_text(markdown(result))
-    print(markdown(result))
 
 
 if __name__ == "__main__":
