@@ -35,6 +35,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -170,8 +171,9 @@ def grading_time(runs: int, python: str) -> dict:
     grade = "import sys; from speclab.cli import main; sys.exit(main())"
     for _ in range(runs):
         t0 = time.perf_counter()
-        r = subprocess.run([python, "-c", grade, "grade", str(LAB / "autograder" / "kv_rollback.ipynb"), "--lab",
-                            str(LAB), "--out", os.devnull], capture_output=True, text=True)
+        with tempfile.TemporaryDirectory() as out:  # the grader hides the folder of its output: one of its own
+            r = subprocess.run([python, "-c", grade, "grade", str(LAB / "autograder" / "kv_rollback.ipynb"), "--lab",
+                                str(LAB), "--out", str(Path(out) / "results.json")], capture_output=True, text=True)
         seconds.append(time.perf_counter() - t0)
         head = " / ".join((r.stdout.strip().splitlines() or [r.stderr.strip()[-300:]])[:2])
     return {"runs": runs, "python": python, "seconds": [round(s, 1) for s in seconds], "report": head}
@@ -179,28 +181,33 @@ def grading_time(runs: int, python: str) -> dict:
 
 def markdown(result: dict) -> str:
     "The short report."
-    lines = ["# Lab 06 grading: catch rates, false fails, time", "",
-             f"{result['date']}, {result['machine']}; `{result['command']}`.", "",
-             f"Fresh workloads per mistake and fuzz configuration: {result['seeds']}. Intervals: Clopper-Pearson, "
-             f"{100 * (1 - LEVEL):.0f}%.", "",
-             "| mistake | hidden scenarios failed | fuzz: workloads exposing it, per configuration | "
-             "fuzz power (CI low) | catch rate |", "|---|---|---|---|---|"]
-    for bug, r in result["catch"].items():
-        per = ", ".join(f"{x['caught']}/{x['workloads']}" for x in r["fuzz"])
-        lines.append(f"| {bug} | {r['hidden_scenarios_failed'] or '-'} | {per} | {r['fuzz_power']:.4f} "
-                     f"({r['fuzz_power_ci_low']:.4f}) | {r['catch_rate']:.4f} |")
-    lines += ["", "| correct answer | hidden scenarios failed | failed workloads | fresh suite draws | "
-              "false-fail rate, 95% CI |", "|---|---|---|---|---|"]
-    for name, r in result.get("false_fail", {}).items():
-        lines.append(f"| {name} | {r['hidden_scenarios_failed'] or '-'} | {r['failed_workloads']} of "
-                     f"{r['workloads_per_config']} per configuration | {r['suite_draws']} | "
-                     f"[{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] |")
-    if result.get("false_fail_pooled"):
+    runs = result["runs"]
+    lines = ["# Lab 06 grading: catch rates, false fails, time", ""]
+    if "catch" in result:
+        run = runs["catch"]
+        lines += [f"Catch rates: {run['date']}, {run['machine']}; `{run['command']}`. Fresh workloads per mistake and "
+                  f"fuzz configuration: {run['seeds']}. Intervals: Clopper-Pearson, {100 * (1 - LEVEL):.0f}%.", "",
+                  "| mistake | hidden scenarios failed | fuzz: workloads exposing it, per configuration | "
+                  "fuzz power (CI low) | catch rate |", "|---|---|---|---|---|"]
+        for bug, r in result["catch"].items():
+            per = ", ".join(f"{x['caught']}/{x['workloads']}" for x in r["fuzz"])
+            lines.append(f"| {bug} | {r['hidden_scenarios_failed'] or '-'} | {per} | {r['fuzz_power']:.4f} "
+                         f"({r['fuzz_power_ci_low']:.4f}) | {r['catch_rate']:.4f} |")
+    if "false_fail" in result:
+        run = runs["false_fail"]
+        lines += ["", f"False fails: {run['date']}, {run['machine']}; `{run['command']}`.", "",
+                  "| correct answer | hidden scenarios failed | failed workloads | fresh suite draws | "
+                  "false-fail rate, 95% CI |", "|---|---|---|---|---|"]
+        for name, r in result["false_fail"].items():
+            lines.append(f"| {name} | {r['hidden_scenarios_failed'] or '-'} | {r['failed_workloads']} of "
+                         f"{r['workloads_per_config']} per configuration | {r['suite_draws']} | "
+                         f"[{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] |")
         r = result["false_fail_pooled"]
         lines.append(f"| both, pooled | - | - | {r['suite_draws']} | [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] |")
     if result.get("grading"):
-        g = result["grading"]
-        lines += ["", f"`speclab grade` of the master, wall seconds per run: {g['seconds']} ({g['report']})."]
+        run, g = runs["grading"], result["grading"]
+        lines += ["", f"Grading time: {run['date']}, {run['machine']}; `{run['command']}`. `speclab grade` of the "
+                  f"master, wall seconds per run: {g['seconds']} ({g['report']})."]
     return "\n".join(lines) + "\n"
 
 
@@ -209,45 +216,48 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=100, help="fresh workloads per mistake and fuzz configuration")
     ap.add_argument("--traces", type=int, default=200, help="fresh workloads per configuration, correct answers")
     ap.add_argument("--grade-runs", type=int, default=1, help="timed `speclab grade` runs of the master")
-    ap.add_argument("--no-grade", action="store_true", help="skip the timed grading")
-    ap.add_argument("--grade-only", action="store_true",
-                    help="only time the grading, keeping the other parts of lab06_corpus.json")
+    ap.add_argument("--parts", default="catch,false_fail,grading",
+                    help="what to measure (comma-separated); the other parts of lab06_corpus.json are kept")
     ap.add_argument("--python", default=sys.executable,
                     help="the interpreter whose speclab grades (one whose `python -I` imports this checkout's speclab)")
     ap.add_argument("--only", help="comma-separated substrings: measure only the mistakes whose name has one")
     a = ap.parse_args(argv)
-    if a.grade_only:
-        result = json.loads((HERE / "lab06_corpus.json").read_text())
-        result["grading"] = grading_time(a.grade_runs, a.python)
-        result["grading"]["date"] = datetime.date.today().isoformat()
-        write(result)
-        print(markdown(result))
-        return
+    parts = a.parts.split(",")
+    unknown = set(parts) - {"catch", "false_fail", "grading"}
+    if unknown:
+        ap.error(f"--parts must name catch, false_fail or grading, got {sorted(unknown)}")
+    path = HERE / "lab06_corpus.json"
+    result = json.loads(path.read_text()) if path.exists() and len(parts) < 3 else {"runs": {}}
+    run = {"date": datetime.date.today().isoformat(),
+           "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+           "command": "python benchmarks/grading/lab06_corpus.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     cases = read_tests(LAB / "autograder" / "tests")
     configs = fuzz_configs(cases)
     ref = reference_namespace()
-    result = {"date": datetime.date.today().isoformat(),
-              "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-              "command": "python benchmarks/grading/lab06_corpus.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "seeds": a.seeds, "traces": a.traces, "level": LEVEL,
-              "hidden_fuzz": {q: [{"config": c, "seeds": n} for c, n in rows] for q, rows in configs.items()}}
+    result["level"] = LEVEL
+    result["hidden_fuzz"] = {q: [{"config": c, "seeds": n} for c, n in rows] for q, rows in configs.items()}
     if a.only:
         keep = a.only.split(",")
         for bug in [b for b in BUGS if not any(k in b for k in keep)]:
             del BUGS[bug]
-    result["catch"] = catch_rates(cases, configs, ref, a.seeds)
-    write(result)
-    master = json.loads(MASTER.read_text(encoding="utf-8"))
-    answers = {"master": master, "correct, gives blocks back at once": with_answers(CORRECT_TRIM)}
-    result["false_fail"] = false_fails(cases, configs, ref, answers, a.traces) if a.traces else {}
-    if result["false_fail"]:
+    if "catch" in parts:
+        result["runs"]["catch"] = {**run, "seeds": a.seeds}
+        result["catch"] = catch_rates(cases, configs, ref, a.seeds)
+        write(result)
+    if "false_fail" in parts:
+        master = json.loads(MASTER.read_text(encoding="utf-8"))
+        answers = {"master": master, "correct, gives blocks back at once": with_answers(CORRECT_TRIM)}
+        result["runs"]["false_fail"] = {**run, "traces": a.traces}
+        result["false_fail"] = false_fails(cases, configs, ref, answers, a.traces)
         rows = result["false_fail"].values()
         draws, failed = sum(r["suite_draws"] for r in rows), sum(r["failed_workloads"] > 0 for r in rows)
         result["false_fail_pooled"] = {"suite_draws": draws, "failed_suite_draws": failed if not failed else "at least 1",
                                        "ci": list(clopper_pearson(failed, draws))}
-    write(result)
-    result["grading"] = None if a.no_grade else grading_time(a.grade_runs, a.python)
-    write(result)
+        write(result)
+    if "grading" in parts:
+        result["runs"]["grading"] = run
+        result["grading"] = grading_time(a.grade_runs, a.python)
+        write(result)
     print(markdown(result))
 
 
