@@ -1,4 +1,4 @@
-"""Lab 06 (labs/06_kv, KV rollback): each planted mistake of tests/lab06_corpus.py, in place of the master's answer to
+"""Lab 06 (labs/06_kv, KV rollback): each planted mistake of tests/lab06_mistakes.py, in place of the master's answer to
 one question, must fail a hidden test of that question; a correct answer written differently (it gives blocks back at
 once after a rollback or a cancel) must pass every test. All of them run in one self-check child (a fresh namespace
 each), so the lab's imports are paid once. The checks every lab shares are in tests/test_labs.py; the runner and paths
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from lab06_corpus import BUGS, CORRECT_TRIM, planted, with_answers
+from lab06_mistakes import BUGS, CORRECT_TRIM, planted, with_answers
 from labkit import LAB06
 
 pytestmark = pytest.mark.xdist_group("lab06")   # beside test_labs.py's Lab 06 runs, in one worker

@@ -1,15 +1,15 @@
 """Lab 06 (KV rollback): how often the hidden tests catch each planted mistake, how often they fail a correct answer,
 and how long grading the master takes.
 
-    .venv/bin/python benchmarks/grading/lab06_corpus.py                       # the full measurement
-    .venv/bin/python benchmarks/grading/lab06_corpus.py --seeds 20 --traces 40 --no-grade   # a quick look
+    .venv/bin/python benchmarks/grading/lab06_corpus.py --seeds 100 --traces 1200 --grade-runs 3   # as measured
+    .venv/bin/python benchmarks/grading/lab06_corpus.py --seeds 20 --parts catch              # a quick look
 
 The hidden tests of each question are of two kinds: scenarios (fixed operations, judged exactly) and fuzz cases, each
 running Chapter 6b's fuzzer (`fuzz(alone(q), range(a, a + n), **config)`: n seeded random workloads, the invariant
 checker after every operation). A fuzz case's verdict depends on its seeds, so this script measures it over fresh
 seeds, one workload at a time, disjoint from the seeds of the lab's own tests:
 
-* catch rate: for each mistake (tests/lab06_corpus.py, each in place of the master's answer) and each fuzz
+* catch rate: for each mistake (tests/lab06_mistakes.py, each in place of the master's answer) and each fuzz
   configuration of its question's hidden tests, the share of fresh workloads that expose it (a violation, a crash,
   or a different number of published blocks than Chapter 6's own manager on the same workload), with a
   Clopper-Pearson interval. The probability that a fresh draw of the hidden fuzz cases (n seeds per configuration)
@@ -45,7 +45,7 @@ from tqdm import tqdm
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from lab06_corpus import BUGS, CORRECT_TRIM, LAB, MASTER, planted, src, with_answers  # noqa: E402
+from lab06_mistakes import BUGS, CORRECT_TRIM, LAB, MASTER, planted, src, with_answers  # noqa: E402
 
 from speclab.grading import read_tests  # noqa: E402
 
@@ -179,6 +179,28 @@ def grading_time(runs: int, python: str) -> dict:
     return {"runs": runs, "python": python, "seconds": [round(s, 1) for s in seconds], "report": head}
 
 
+def seeds_needed(rows: list, target: float = 0.95) -> int | None:
+    "Fewest workloads per configuration whose fresh draw catches a mistake with probability >= target, at CI lows."
+    miss = math.prod(1 - r["ci"][0] for r in rows)
+    if miss >= 1:
+        return None
+    return max(1, math.ceil(math.log(1 - target) / math.log(miss))) if miss > 0 else 1
+
+
+def sizing(result: dict) -> list[str]:
+    "What the hidden fuzz cases' size buys: the mistakes only the fuzzer catches, and the workloads each one needs."
+    fuzz_only = {b: r for b, r in result["catch"].items() if not r["hidden_scenarios_failed"]}
+    hidden = sorted({c["seeds"] for rows in result["hidden_fuzz"].values() for c in rows})
+    need = {b: seeds_needed(r["fuzz"]) for b, r in fuzz_only.items()}
+    worst = min(r["fuzz_power_ci_low"] for r in fuzz_only.values()) if fuzz_only else None
+    lines = ["", f"Sizing: the hidden fuzz cases run {hidden} workloads of 40 operations per configuration. "
+             f"{len(result['catch']) - len(fuzz_only)} of the {len(result['catch'])} mistakes fail a hidden scenario "
+             f"whatever the seeds; for the other {len(fuzz_only)} a fresh draw of the hidden fuzz cases catches each "
+             f"with probability at least {worst:.5f} (at the intervals' lower ends), and 95% would need at most "
+             f"{max(need.values())} workloads per configuration ({', '.join(f'{b}: {n}' for b, n in need.items())})."]
+    return lines
+
+
 def markdown(result: dict) -> str:
     "The short report."
     runs = result["runs"]
@@ -193,6 +215,7 @@ def markdown(result: dict) -> str:
             per = ", ".join(f"{x['caught']}/{x['workloads']}" for x in r["fuzz"])
             lines.append(f"| {bug} | {r['hidden_scenarios_failed'] or '-'} | {per} | {r['fuzz_power']:.4f} "
                          f"({r['fuzz_power_ci_low']:.4f}) | {r['catch_rate']:.4f} |")
+        lines += sizing(result)
     if "false_fail" in result:
         run = runs["false_fail"]
         lines += ["", f"False fails: {run['date']}, {run['machine']}; `{run['command']}`.", "",
@@ -251,7 +274,7 @@ def main(argv=None):
         result["false_fail"] = false_fails(cases, configs, ref, answers, a.traces)
         rows = result["false_fail"].values()
         draws, failed = sum(r["suite_draws"] for r in rows), sum(r["failed_workloads"] > 0 for r in rows)
-        result["false_fail_pooled"] = {"suite_draws": draws, "failed_suite_draws": failed if not failed else "at least 1",
+        result["false_fail_pooled"] = {"suite_draws": draws, "failed_suite_draws": 0 if not failed else "at least 1",
                                        "ci": list(clopper_pearson(failed, draws))}
         write(result)
     if "grading" in parts:

@@ -62,22 +62,26 @@ BUGS = {
         ("q2", _OFFER, "        if r.block_hashes[i] not in self.cached:\n"),
     "q2: a published block is freed (handed to the cache)":
         ("q2", "            self._cache_block(r.block_ids[i], r.block_hashes[i])\n",
-         "            self._cache_block(r.block_ids[i], r.block_hashes[i])\n            self._release(r.block_ids[i])\n"),
+         "            self._cache_block(r.block_ids[i], r.block_hashes[i])\n"
+         "            self._release(r.block_ids[i])\n"),
     # Question 3: the commit
     "q3: the emitted tokens published too (BuggyPrefixManager)":
-        ("q3", _PUBLISH, "    self._cache_blocks(r, r.num_tokens if num_cacheable is None else min(r.num_tokens, num_cacheable))\n"),
+        ("q3", _PUBLISH, "    self._cache_blocks(r, r.num_tokens if num_cacheable is None "
+                         "else min(r.num_tokens, num_cacheable))\n"),
     "q3: the window slid at the optimistic length (BuggyWindowManager)":
         ("q3", _ROLLBACK, "    if self.sliding_window is not None:\n"
                           "        self._free_outside_window(r, r.num_computed_tokens)\n" + _ROLLBACK),
     "q3: only the rejected drafts rolled back, not the undrafted slots":
         ("q3", _ROLLBACK, "    r.num_computed_tokens -= num_drafted - num_accepted\n"),
     "q3: the bonus token not appended":
-        ("q3", "    self._append_tokens(r, emitted_tokens)\n", "    self._append_tokens(r, emitted_tokens[:num_accepted])\n"),
+        ("q3", "    self._append_tokens(r, emitted_tokens)\n",
+         "    self._append_tokens(r, emitted_tokens[:num_accepted])\n"),
     "q3: num_cacheable ignored (a lagging draft model's blocks published)":
         ("q3", _PUBLISH, "    self._cache_blocks(r, num_tokens)\n"),
     "q3: a stale commit taken as a step with no lookahead":
         ("q3", "    if r.num_lookahead_tokens is None:\n        raise ValueError(",
-         "    if r.num_lookahead_tokens is None:\n        r.num_lookahead_tokens = 0\n    if False:\n        raise ValueError("),
+         "    if r.num_lookahead_tokens is None:\n        r.num_lookahead_tokens = 0\n"
+         "    if False:\n        raise ValueError("),
     "q3: eager trim keeps ceil((c - 1) / b) blocks (EagerTrimManager)":
         ("q3", _RETURN_C, _trim("-(-(r.num_computed_tokens - 1) // self.block_size)") + _RETURN_C),
     "q3: rollback releases the tail's blocks but forgets the block table tail":
