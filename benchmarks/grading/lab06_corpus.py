@@ -53,6 +53,16 @@ LEVEL = 0.05            # two-sided Clopper-Pearson intervals at 95%
 FRESH = 100_000         # fresh seeds start here: the lab's own tests use seeds below 5,000
 
 
+def cpu_model() -> str:
+    "The processor's name (Linux), or the machine type."
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    names = [ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")]
+    return names[0] if names else platform.machine()
+
+
 def clopper_pearson(k: int, n: int, level: float = LEVEL) -> tuple[float, float]:
     "Two-sided interval for a binomial rate: k successes in n trials."
     lo = 0.0 if k == 0 else float(beta.ppf(level / 2, k, n - k + 1))
@@ -227,6 +237,12 @@ def markdown(result: dict) -> str:
                          f"[{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] |")
         r = result["false_fail_pooled"]
         lines.append(f"| both, pooled | - | - | {r['suite_draws']} | [{r['ci'][0]:.4f}, {r['ci'][1]:.4f}] |")
+        configs = sum(len(rows) for rows in result["hidden_fuzz"].values())
+        workloads = sum(x["workloads_per_config"] * configs for x in result["false_fail"].values())
+        failed = sum(x["failed_workloads"] for x in result["false_fail"].values())
+        hi = clopper_pearson(failed, workloads)[1]
+        lines += ["", f"Per fresh workload ({configs} configurations, {workloads} workloads in all, {failed} failed): "
+                  f"a correct answer fails one with probability below {hi:.2g} (95% upper end)."]
     if result.get("grading"):
         run, g = runs["grading"], result["grading"]
         lines += ["", f"Grading time: {run['date']}, {run['machine']}; `{run['command']}`. `speclab grade` of the "
@@ -252,7 +268,7 @@ def main(argv=None):
     path = HERE / "lab06_corpus.json"
     result = json.loads(path.read_text()) if path.exists() and len(parts) < 3 else {"runs": {}}
     run = {"date": datetime.date.today().isoformat(),
-           "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+           "machine": f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}",
            "command": "python benchmarks/grading/lab06_corpus.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     cases = read_tests(LAB / "autograder" / "tests")
     configs = fuzz_configs(cases)
