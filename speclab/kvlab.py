@@ -237,8 +237,10 @@ def check_invariants(manager: BlockManager, kv: PagedKV | None = None,
 # %% ../nbs/06b_kvlab.ipynb #62a34a1d
 _SHARED_PREFIX = tuple(range(1, 13))  # fuzzed prompts start with a piece of this, so the prefix cache gets hits
 
-def random_ops(steps: int, seed: int = 0, max_requests: int = 3, vocab: int = 6) -> list[tuple]:
-    "A random workload: `steps` operations over at most `max_requests` live requests, each a readable tuple."
+def random_ops(steps: int, seed: int = 0, max_requests: int = 3, vocab: int = 6,
+               cancels: bool = False) -> list[tuple]:
+    """A random workload: `steps` operations over at most `max_requests` live requests, each a readable tuple.
+    `cancels`: half the steps left in flight fail and are cancelled instead of committed."""
     rng, live, in_flight, ops = random.Random(seed), [], {}, []
     while len(ops) < steps:
         n = len(ops)
@@ -256,7 +258,10 @@ def random_ops(steps: int, seed: int = 0, max_requests: int = 3, vocab: int = 6)
                 live.remove(rid)
                 in_flight.pop(rid, None)
             continue
-        if rid in in_flight:  # the output of the step it left in flight: drafts in its lookahead slots
+        if rid in in_flight and cancels and rng.random() < 0.5:  # its forward failed (off: traces as before)
+            in_flight.pop(rid)
+            ops.append(("cancel", rid))
+        elif rid in in_flight:  # the output of the step it left in flight: drafts in its lookahead slots
             drafts = [rng.randrange(vocab) for _ in range(rng.randint(0, min(4, in_flight.pop(rid))))]
             ops.append(("commit", rid, drafts, rng.randint(0, len(drafts)), rng.randrange(vocab)))
         elif kind == "allocate":  # a step left in flight while other requests move
@@ -270,6 +275,8 @@ def random_ops(steps: int, seed: int = 0, max_requests: int = 3, vocab: int = 6)
 
 
 # %% ../nbs/06b_kvlab.ipynb #db58f82a
+_NO_TOKEN = 10**6  # a token no fuzzed sequence holds: the K/V a failed forward leaves behind
+
 def _refused(m, call, expected) -> list[str]:
     "The violations of a call that must be refused with a message containing `expected`, changing nothing."
     before = manager_state(m)
@@ -308,6 +315,20 @@ def _commit(m, kv, history, rid, step, drafts, num_accepted, next_token) -> list
     history[rid] += drafts[:num_accepted] + [next_token]
     return [] if m.free_blocks >= free else [f"commit took {free - m.free_blocks} blocks"]
 
+def _cancel(m, kv, rid, step) -> list[str]:
+    "A failed forward: wrong K/V in every slot of the step in flight, then `cancel` back to its first position."
+    r = m.requests[rid]
+    if r.num_lookahead_tokens is None:  # preempted while its step was in flight: nothing left to cancel
+        return _refused(m, lambda: m.cancel(rid, 0), "no step in flight")
+    first = step.positions[0]
+    kv.write(step.slot_mapping, *toy_kv([_NO_TOKEN] * len(step.positions), step.positions, *kv.k.shape[2:],
+                                        dtype=kv.k.dtype))
+    m.cancel(rid, first)
+    if (r.num_lookahead_tokens, r.num_computed_tokens) != (None, first):
+        return [f"cancel left num_lookahead_tokens {r.num_lookahead_tokens}, num_computed_tokens "
+                f"{r.num_computed_tokens}; expected None and {first}"]
+    return []
+
 
 # %% ../nbs/06b_kvlab.ipynb #52193427
 def _play(manager, ops, num_blocks=12, block_size=4, sliding_window=None,
@@ -327,6 +348,8 @@ def _play(manager, ops, num_blocks=12, block_size=4, sliding_window=None,
             steps[rid] = step or steps.get(rid)
         elif kind == "commit":
             bad = _commit(m, kv, history, rid, steps.get(rid), *args)
+        elif kind == "cancel":
+            bad = _cancel(m, kv, rid, steps.get(rid))
         elif kind == "step":
             step, bad = _allocate(m, rid, args[0])
             if step is not None and not bad:
@@ -348,10 +371,11 @@ def replay(manager: Callable[..., BlockManager], ops: list[tuple], num_blocks: i
     n, bad = _play(manager, ops, num_blocks, block_size, sliding_window, enable_prefix_caching)
     return [f"after op {n} {ops[n][:2]}: {e}" for e in bad]
 
-def fuzz_invariants(manager: Callable[..., BlockManager], steps: int = 40, seed: int = 0,
+def fuzz_invariants(manager: Callable[..., BlockManager], steps: int = 40, seed: int = 0, cancels: bool = False,
                     **kwargs: int | bool | None) -> list[str]:
-    "Violations found by a random workload of `steps` operations (empty: none). `kwargs` go to `replay`."
-    return replay(manager, random_ops(steps, seed), **kwargs)
+    """Violations found by a random workload of `steps` operations (empty: none), with failed steps cancelled when
+    `cancels` (see `random_ops`). `kwargs` go to `replay`."""
+    return replay(manager, random_ops(steps, seed, cancels=cancels), **kwargs)
 
 def shrink_ops(manager: Callable[..., BlockManager], ops: list[tuple],
                **kwargs: int | bool | None) -> list[tuple]:

@@ -1,4 +1,4 @@
-"""What the lab tests share (tests/test_labs.py, tests/test_lab08.py, tests/test_lab09.py): a lab's paths, its own
+"""What the lab tests share (tests/test_labs.py and each lab's own tests/test_labNN.py): a lab's paths, its own
 self-check runner (labs/<lab>/selfcheck.py: cells exec'd in one fresh Python process, then each OK-format test case as
 a doctest, one JSON report back), and readers of notebooks and test files. A self-check of the labs' content, not the
 course autograder."""
@@ -59,6 +59,7 @@ class Lab:
         return self.selfcheck.check_notebooks(notebooks, self.autograder / "tests", timeout=timeout, **kwargs)
 
 
+LAB06 = Lab("06_kv", "kv_rollback.ipynb", 4, 30, 600)
 LAB08 = Lab("08_acceptance", "acceptance.ipynb", 8, 40, 1200)
 LAB09 = Lab("09_audit", "audit.ipynb", 5, 25, 600)
 

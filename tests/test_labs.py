@@ -1,9 +1,10 @@
-"""Every lab's generated student/autograder folders, checked by running them (labs/08_acceptance, labs/09_audit).
+"""Every lab's generated student/autograder folders, checked by running them (labs/06_kv, labs/08_acceptance,
+labs/09_audit).
 
 The same checks for each lab: the layout otter assign writes, tests that display values, per-case points, outputs in
 the master's test cells only, no solution and no hidden test in the student's files, the master passing every test,
 the untouched student notebook passing none (both run in one self-check child per lab), and regeneration byte for
-byte. Each lab's own planted mistakes live in tests/test_lab08.py and tests/test_lab09.py.
+byte. Each lab's own planted mistakes live in tests/test_lab06.py, tests/test_lab08.py and tests/test_lab09.py.
 """
 import json
 import subprocess
@@ -11,10 +12,10 @@ import sys
 
 import pytest
 
-from labkit import LAB08, LAB09, by_question, cells, load_module, solution_lines, src, student_text
+from labkit import LAB06, LAB08, LAB09, by_question, cells, load_module, solution_lines, src, student_text
 
 LABS = [pytest.param(lab, id=lab.folder[:5], marks=pytest.mark.xdist_group(f"lab{lab.folder[:2]}"))
-        for lab in (LAB08, LAB09)]
+        for lab in (LAB06, LAB08, LAB09)]
 
 
 # ---------------------------------------------------------------------------------------------- layout (fast)

@@ -14,7 +14,7 @@ For each run: the score (a pass is every point), the wall time, the peak of the 
 every 0.1 s: the memory no limit can reclaim; it is the processes' resident memory less their files), the kernel's
 peak of the cgroup's usage (page cache included, which a limit reclaims), OOM kills, and CPU seconds.
 
-    .venv/bin/python benchmarks/grading/gradescope_limits.py [--labs 08_acceptance,09_audit] [--memories 768,1024,1536]
+    .venv/bin/python benchmarks/grading/gradescope_limits.py [--labs 06_kv,08_acceptance,09_audit] [--memories 768,1024,1536]
         [--cpus 0.5] [--timeout 600] [--venv DIR | --image DIR]
 
 `--venv` is the environment bound at /autograder/speclab-venv: by default this Python's (the project's .venv);
@@ -268,7 +268,7 @@ def table(rows: list) -> str:
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--labs", default="08_acceptance,09_audit", help="lab folders under labs/, comma-separated")
+    p.add_argument("--labs", default="06_kv,08_acceptance,09_audit", help="lab folders under labs/, comma-separated")
     p.add_argument("--memories", default="768,1024,1536", help="memory limits in MB, comma-separated")
     p.add_argument("--cpus", type=float, default=GRADESCOPE["cpus"], help="CPU quota in CPUs (Gradescope: 0.5)")
     p.add_argument("--timeout", type=float, default=GRADESCOPE["timeout_s"], help="seconds per run (Gradescope: 600)")
