@@ -41,9 +41,10 @@ INSTRUCTOR_ONLY = [
     ("benchmarks/grading/*_corpus*", "measures a lab's grading against its bug corpus (correct implementations in it)"),
     (STUDENT_README, "becomes the release's README.md"),
 ]
-# A file of tests/ that names any of these reads the instructor's side (a master, the autograder's tests, a corpus).
+# A file of tests/ that names any of these, or a lab master's file name, reads the instructor's side (a master, the
+# autograder's tests, a corpus with correct answers in it).
 INSTRUCTOR_MARKERS = ("autograder", "hidden_recordings", "labkit", "build_master", "record.py", "assign.py",
-                      "acceptance.ipynb", "audit.ipynb", "sampler_corpus", "lab06_corpus", "lab06_mistakes")
+                      "sampler_corpus", "lab06_corpus", "lab06_mistakes")
 ANSWER = re.compile(r"\A#\|\s*code-fold:\s*true\s*\n#\s*Answer")
 
 
@@ -64,7 +65,8 @@ def instructor_reason(path: str, root: Path = ROOT) -> str | None:
             return why
     if path.startswith("tests/") and path.endswith(".py"):
         text = (root / path).read_text(encoding="utf-8")
-        named = [m for m in INSTRUCTOR_MARKERS if m in text]
+        masters = sorted({p.name for p in root.glob("labs/*/*.ipynb")})
+        named = [m for m in (*INSTRUCTOR_MARKERS, *masters) if m in text]
         if named:
             return f"a test that reads the instructor's side ({', '.join(named)})"
     return None
