@@ -127,10 +127,10 @@ def build_release(out: Path, root: Path = ROOT) -> dict:
     return dict(copied=copied, left_out=left_out, answers_stripped=stripped)
 
 
-def solution_lines(master: Path) -> list[str]:
-    "Non-trivial lines a master marks as solution: inside `# BEGIN/END SOLUTION`, or ending in `# SOLUTION`."
+def solution_lines(cells: list) -> list[str]:
+    "Non-trivial lines a master's cells mark as solution: inside `# BEGIN/END SOLUTION`, or ending in `# SOLUTION`."
     lines = []
-    for cell in json.loads(master.read_text(encoding="utf-8"))["cells"]:
+    for cell in cells:
         if cell["cell_type"] != "code":
             continue
         inside = False
@@ -145,6 +145,11 @@ def solution_lines(master: Path) -> list[str]:
             elif re.search(r"#\s*SOLUTION\s*$", s):
                 lines.append(re.sub(r"#\s*SOLUTION\s*$", "", s).strip())
     return [s for s in lines if len(s) >= 12 and not s.startswith("#")]
+
+
+def master_cells(master: Path) -> list:
+    "A master notebook's cells."
+    return json.loads(master.read_text(encoding="utf-8"))["cells"]
 
 
 def test_cases(tests_dir: Path) -> list[dict]:
@@ -210,7 +215,8 @@ def public_text(root: Path = ROOT) -> str:
 def secret_lines(root: Path = ROOT) -> dict[str, set[str]]:
     "{what: lines}: each master's solution lines and each lab's hidden test lines that students are not meant to read."
     public = public_text(root)
-    secrets = {f"solution line of {m.relative_to(root)}": set(solution_lines(m)) for m in root.glob("labs/*/*.ipynb")}
+    secrets = {f"solution line of {m.relative_to(root)}": set(solution_lines(master_cells(m)))
+               for m in root.glob("labs/*/*.ipynb")}
     secrets |= {f"hidden test line of {lab}": lines for lab, lines in hidden_lines(root).items()}
     return {what: {ln for ln in lines if ln not in public} for what, lines in sorted(secrets.items())}
 

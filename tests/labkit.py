@@ -4,7 +4,6 @@ a doctest, one JSON report back), and readers of notebooks and test files. A sel
 course autograder."""
 import importlib.util
 import json
-import re
 import textwrap
 from dataclasses import dataclass
 from functools import cached_property
@@ -88,25 +87,8 @@ def by_question(report) -> dict:
 
 
 def solution_lines(master_cells) -> list:
-    "Non-trivial lines the master marks as solution: inside # BEGIN/END SOLUTION blocks, or ending in # SOLUTION."
-    lines = []
-    for c in master_cells:
-        if c["cell_type"] != "code":
-            continue
-        inside = False
-        for ln in src(c).splitlines():
-            s = ln.strip()
-            if re.match(r"#\s*BEGIN SOLUTION", s):
-                inside = True
-                continue
-            if re.match(r"#\s*END SOLUTION", s):
-                inside = False
-                continue
-            if inside:
-                lines.append(s)
-            elif re.search(r"#\s*SOLUTION\s*$", s):
-                lines.append(re.sub(r"#\s*SOLUTION\s*$", "", s).strip())
-    return [ln for ln in lines if len(ln) >= 12 and not ln.startswith("#")]
+    "Non-trivial lines the master marks as solution (labs/release.py's reader, which the student release checks with)."
+    return load_module(ROOT / "labs" / "release.py", "speclab_release").solution_lines(master_cells)
 
 
 def student_text(lab: Lab) -> str:

@@ -122,7 +122,7 @@ def test_the_check_finds_each_kind_of_leak(built, tmp_path):
     shutil.copytree(out, leaky)
     master = next(ROOT.glob("labs/09_audit/*.ipynb"))
     shutil.copy2(master, leaky / "labs" / "09_audit" / master.name)
-    secret = sorted(release.solution_lines(next(ROOT.glob("labs/08_acceptance/*.ipynb"))))[-1]
+    secret = sorted(release.solution_lines(chapter_cells(next(ROOT.glob("labs/08_acceptance/*.ipynb")))))[-1]
     hidden = sorted(release.hidden_lines()["09_audit"])[0]
     (leaky / "labs" / "08_acceptance" / "student" / "notes.py").write_text(f"{secret}\n", encoding="utf-8")
     (leaky / "labs" / "09_audit" / "student" / "tests" / "q9_extra.py").write_text(f"# {hidden}\n", encoding="utf-8")
