@@ -187,7 +187,9 @@ def test_logprobs_from_draft_returns_the_drafts():
 # t0.8,p0.6 (the nucleus is one or two tokens there), but TV 0.400 at 'raise ValueError(' and temperature 0.5, a
 # setting the default plan lacks: bound 0.40 at 340. Top-p after the residual: TV 0.181 at 'with open(' t0.8,p0.6:
 # bound 0.181 at 1,500. Misaligned expansion: at concurrency 1 the bonus row takes the defaults: TV 0.224 at '#
-# Copyright' t1.0,k20: bound 0.223 at 1,010. Seeds that skip the drafts: same-seed agreement 1 -> 2/32 in the
+# Copyright' t1.0,k20: bound 0.223 at 1,010, but the audit tests binned texts, whose TV is below the tokens': at 1,010
+# the law test's p ranged from 1e-6 to 0.001 over 8 runs and once missed Holm's first level, so the case runs 2,000
+# (p < 1e-6 in 5 runs of 5). Seeds that skip the drafts: same-seed agreement 1 -> 2/32 in the
 # default audit at 3,000 (the coins of every drafted position come from the shared stream), 16 pairs as for
 # seed_ignored.
 # Log-probs from the draft: the text is untouched; an accepted draft's returned log-prob is off the target's by 0.6
@@ -204,7 +206,7 @@ CASES = [
      "t0.5"),
     ("top_p_after_residual", dict(budget=1500, settings=TOP_P, prompts=["with open(", "raise ValueError("]), "laws",
      "with open("),
-    ("expand_misaligned", dict(budget=1010, settings=K20, concurrency=1, prompts=["# Copyright", "with open("]),
+    ("expand_misaligned", dict(budget=2000, settings=K20, concurrency=1, prompts=["# Copyright", "with open("]),
      "laws", "# Copyright"),
     ("seed_skips_drafts", dict(budget=200, settings=T1, num_seeds=8), "seeds", "same seed"),
     ("logprobs_from_draft", dict(budget=400, settings={}, penalties={"frequency2.0": {"temperature": 1.0,
