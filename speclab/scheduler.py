@@ -77,7 +77,9 @@ def no_token_error(r: RequestState) -> str:
 # %% ../nbs/08e_scheduler.ipynb #9b4ad197
 @dataclass(frozen=True)
 class RequestView:
-    "What a kappa policy may know of a request: its own counters before the step, never its tokens' future draws."
+    """What a kappa policy may know of a request: its id and its own counters before the step, never its tokens'
+    future draws. The id lets a policy tell a request's new evidence from what it has seen (`KappaPolicy.prior`)."""
+    req_id: int
     num_prompt_tokens: int
     num_output_tokens: int
     num_drafts: int                    # its steps that drafted, tokens drafted, drafts accepted,
@@ -95,8 +97,9 @@ class StepView:
 
 def step_view(batch: list[RequestState], caps: list[int], num_context: int) -> StepView:
     "A frozen view of a step's requests for a policy: counters only."
-    views = tuple(RequestView(r.num_prompt_tokens, r.num_output_tokens, r.num_drafts, r.num_draft_tokens,
-                              r.num_accepted_tokens, r.num_rejections, r.params.seed is not None) for r in batch)
+    views = tuple(RequestView(r.req_id, r.num_prompt_tokens, r.num_output_tokens, r.num_drafts,
+                              r.num_draft_tokens, r.num_accepted_tokens, r.num_rejections, r.params.seed is not None)
+                  for r in batch)
     return StepView(views, tuple(caps), num_context)
 
 def check_policy_kappas(kappas: object, view: StepView) -> list[int]:

@@ -53,14 +53,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--drafters", nargs="+", choices=DRAFTERS, default=list(DRAFTERS), help="drafters to run")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
     ap.add_argument("--tokens", type=int, default=48, help="new tokens per request (default 48)")
+    ap.add_argument("--requests-per-client", type=int, default=4, help="each of the C clients' requests in a round: "
+                    "max(16, this x C) prompts (default 4; 1 puts all 16 prompts of C = 16 in one batch, whose "
+                    "slowest request then sets the time)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: speclab serve's, every core "
                     "but one; older saved runs used 2)")
     ap.add_argument("--refit", action="store_true", help="also run auto refitting its costs (name/refit)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--out", help="also write the JSON here")
     a = ap.parse_args(argv)
-    if a.rounds < 1 or a.tokens < 4 or min(a.concurrency) < 1:
-        ap.error("--rounds and --concurrency must be >= 1, --tokens >= 4")
+    if a.rounds < 1 or a.tokens < 4 or min(a.concurrency) < 1 or a.requests_per_client < 1:
+        ap.error("--rounds, --concurrency and --requests-per-client must be >= 1, --tokens >= 4")
     return a
 
 
@@ -119,18 +122,18 @@ def main(argv: list[str] | None = None) -> dict:
     target, draft = load_model(tiny_pair_path("target")), load_model(tiny_pair_path("draft"))
     cals = {name: calibrate(target, make_drafter(name, target, draft), KAPPA_MAX) for name in a.drafters}
     costs = {name: cal.costs for name, cal in cals.items()}
-    prompts = sweep_prompts(16, 64)
+    prompts = {c: sweep_prompts(max(16, a.requests_per_client * c), 64) for c in a.concurrency}
     params = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)
     grid = {c: engines(target, draft, cals, c, a.drafters, a.refit) for c in a.concurrency}
     for engs in grid.values():
         for eng in engs.values():
-            eng.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4))      # warm
+            eng.generate(prompts[min(prompts)][:2], SamplingParams(temperature=0, max_tokens=4))      # warm
     runs = {c: {name: [] for name in engs} for c, engs in grid.items()}
     loads = [os.getloadavg()[0]]
     for _ in range(a.rounds):
         for c, engs in grid.items():
             for name, eng in engs.items():
-                runs[c][name].append(run(eng, prompts, params))
+                runs[c][name].append(run(eng, prompts[c], params))
         loads.append(os.getloadavg()[0])
     med = {c: {name: statistics.median(r[0] for r in v) for name, v in rs.items()} for c, rs in runs.items()}
     chosen = {c: {name: [sum(x) for x in zip(*(r[2] for r in v))] for name, v in rs.items()
@@ -147,6 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
            platform.machine(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "load": loads,
            "tokens": a.tokens, "rounds": a.rounds,
+           "prompts": {c: len(p) for c, p in prompts.items()},
            "calibration_s": {n: cal.seconds for n, cal in cals.items()},
            "calibration_problem": {n: cal.problem for n, cal in cals.items()},
            "costs": {n: dataclasses.asdict(c) for n, c in costs.items()}, "learned_costs": learned,
