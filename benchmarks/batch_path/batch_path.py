@@ -6,7 +6,8 @@ parts, beside vLLM-CPU's plain path on the same pair, in one interleaved run.
     python benchmarks/batch_path/batch_path.py --out benchmarks/batch_path/batch_path.json     # the table, and the JSON in a file
     python benchmarks/batch_path/batch_path.py --quick              # smoke run: 1 round, 16 tokens, no vLLM if it is missing
 
-What: the shipped tiny pair (fp32, `torch.set_num_threads(2)`), the 16 prompts of `speclab.sweep.sweep_prompts(16,
+What: the shipped tiny pair (fp32, `--threads` compute threads on both sides, 2 by default: speclab's torch
+threads, vLLM's OpenMP threads bound to as many cores), the 16 prompts of `speclab.sweep.sweep_prompts(16,
 64)`, greedy with ignore_eos and 64 new tokens each, served by `SpecDecoder(target, drafter, kappa, max_num_seqs=C)`
 for plain decoding (no drafter, kappa 0), the draft model (`ModelDrafter`, kappa 3) and the shipped EAGLE head
 (`eagle_drafter(target)`, kappa 3; also in float32 and bfloat16 as controls), and by vLLM-CPU 0.32.0's offline
@@ -18,7 +19,7 @@ each call's seconds go to one named bucket (a call inside another wrapped call c
 
 - target forward: `forward_paged` on the target, `EagleDrafter.forward_target` (the target's step that keeps features);
 - draft forwards: `forward_paged` on the draft model; the EAGLE head's `fc`, `step_hidden` and `step_logits`;
-- draft sampling: `ModelDrafter._draw`, `eagle.draw_drafts` (argmax for greedy);
+- draft sampling: `drafters.draw_drafts` (the one chain loop's draw, argmax for greedy);
 - sampler: the runner's rejection sampler, `sample_plain`;
 - schedule, update: `Scheduler.schedule`, `Scheduler.update`;
 - metadata: `paged_batch` (engine and EAGLE), `SpecDecodeMetadata.from_drafts`, `SamplingMetadata.from_lists`,
@@ -70,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prompts", type=int, default=16, help="prompts per run (default 16)")
     ap.add_argument("--max-tokens", type=int, default=64, help="new tokens per prompt (default 64)")
     ap.add_argument("--kappa", type=int, default=3, help="draft tokens per step for the drafters (default 3)")
-    ap.add_argument("--threads", type=int, default=2, help="torch threads on the speclab side (default 2)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads on both sides (default 2)")
     ap.add_argument("--no-vllm", action="store_true", help="speclab only")
     ap.add_argument("--no-controls", action="store_true", help="without the EAGLE head in float32 and bfloat16")
     ap.add_argument("--vllm-timeout", type=float, default=600.0, help="seconds for vLLM's start and each run")
@@ -120,24 +121,27 @@ def unpatch(saved: list) -> None:
 
 def wrap_speclab(target) -> list:
     "Wrap the engine's step parts (module functions and class methods) for the run; the saved originals."
+    import speclab.drafters as drafters
     import speclab.eagle as eagle
-    import speclab.engine as engine
+    import speclab.runner as runner
     from speclab.metadata import SpecDecodeMetadata
     from speclab.sampling import SamplingMetadata
+    from speclab.scheduler import Scheduler
+    forward = lambda model, *a: "target_forward" if model is target else "draft_forward"
     saved = []
-    saved.append(patch(engine, "forward_paged", lambda model, *a: "target_forward" if model is target
-                       else "draft_forward"))
+    saved.append(patch(runner, "forward_paged", forward))        # each module calls the name it imported
+    saved.append(patch(drafters, "forward_paged", forward))
     saved.append(patch(eagle.EagleDrafter, "forward_target", "target_forward"))
     saved.append(patch(eagle, "step_hidden", "draft_forward"))
     saved.append(patch(eagle, "step_logits", "draft_forward"))
-    saved.append(patch(engine.ModelDrafter, "_draw", "draft_sampling"))
-    saved.append(patch(eagle, "draw_drafts", "draft_sampling"))
-    saved.append(patch(engine, "sample_plain", "sampler"))
-    saved.append(patch(engine.Scheduler, "schedule", "schedule"))
-    saved.append(patch(engine.Scheduler, "update", "update"))
-    saved.append(patch(engine, "paged_batch", "metadata"))
-    saved.append(patch(eagle, "paged_batch", "metadata"))
-    saved.append(patch(engine, "batch_processors", "metadata"))
+    saved.append(patch(drafters, "draw_drafts", "draft_sampling"))
+    saved.append(patch(runner, "sample_plain", "sampler"))
+    saved.append(patch(Scheduler, "schedule", "schedule"))
+    saved.append(patch(Scheduler, "update", "update"))
+    for module in (runner, drafters, eagle):
+        saved.append(patch(module, "paged_batch", "metadata"))
+    for module in (runner, drafters):
+        saved.append(patch(module, "batch_processors", "metadata"))
     saved.append(patch(SpecDecodeMetadata, "from_drafts", "metadata", static=True))
     saved.append(patch(SamplingMetadata, "from_lists", "metadata", static=True))
     return saved
@@ -215,10 +219,12 @@ def read_lines(stream, lines: "queue.Queue") -> None:
 
 class VllmWorker:
     "batch_path_vllm.py in vLLM's Python, the engine core in that process; commands by stdin, answers by stdout."
-    def __init__(self, python: Path, concurrency: int, timeout: float):
+    def __init__(self, python: Path, concurrency: int, timeout: float, threads: int):
         env = vllm_environ(python)
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         env["VLLM_LOGGING_LEVEL"] = "WARNING"
+        env["OMP_NUM_THREADS"] = str(threads)                              # vLLM's compute threads, as speclab's:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "0" if threads == 1 else f"0-{threads - 1}"   # bound to as many cores
         cmd = [str(python), str(HERE / "batch_path_vllm.py"), str(TARGET), str(concurrency)]
         self.log = open(os.devnull, "w")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
@@ -271,7 +277,7 @@ def start_vllm(a: argparse.Namespace) -> tuple:
         return None, str(e)
     if not has_vllm(python):
         return None, f"no vLLM in {python}"
-    return VllmWorker(python, max(a.concurrency), a.vllm_timeout), str(python)
+    return VllmWorker(python, max(a.concurrency), a.vllm_timeout, a.threads), str(python)
 
 
 def top_functions(eng, prompts: list, max_tokens: int, n: int = 15) -> list:
@@ -335,7 +341,8 @@ def measure(a: argparse.Namespace) -> dict:
         unpatch(saved)
         if worker is not None:
             worker.close()
-    return {"raw": raw, "loads": loads, "vllm": vllm_note, "profiles": profiles}
+    ready = worker.ready if worker is not None else None
+    return {"raw": raw, "loads": loads, "vllm": vllm_note, "profiles": profiles, "vllm_ready": ready}
 
 
 def summarize(a: argparse.Namespace, measured: dict) -> dict:
@@ -389,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                        "vllm": measured["vllm"], "vllm_version": vllm_version(measured["vllm"])
                        if Path(measured["vllm"]).is_file() else None,
                        "command": command,
-                       "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                       "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "vllm_ready": measured["vllm_ready"],
                        "load_average": measured["loads"], "settings": vars(a)},
               **summary, "profiles": measured["profiles"], "raw": raw}
     if a.out:
