@@ -188,40 +188,43 @@ class KappaPolicy:
     @classmethod
     def adaptive(cls, costs: StepCosts, alpha_prior: float = 0.5, trusted: bool = True) -> "KappaPolicy":
         """What `--kappa auto` runs: each request's live alpha from the pair's pooled acceptance, one posterior
-        standard deviation optimistic at one request (a batch of B: 1 / sqrt(B)), and the calibrated costs as they are when the calibration was trusted (refitting them made fewer tokens/s in 12 of
-        15 cells measured side by side: see the chapter). Costs that were refused (`calibration_problem`) are only where
-        the fit starts: the policy refits them from every decode step (`CostFit`, the draft's catch-up and the
-        context a term each) and explores, so that the fit sees both kinds of step whichever the bad costs favoured."""
+        standard deviation optimistic at one request (a batch of B: 1 / sqrt(B)), and the calibrated costs as they
+        are when the calibration was trusted (refitting them made fewer tokens/s in 12 of 15 cells measured side by
+        side: see the chapter). Costs that were refused (`calibration_problem`) are only where the fit starts: the
+        policy refits them from every decode step (`CostFit`, the draft's catch-up and the context a term each) and
+        explores, so that the fit sees both kinds of step whichever the bad costs favoured."""
         if trusted:
             return cls(costs, alpha_prior=alpha_prior, optimism=1.0, pool=True)
         return cls(costs, alpha_prior=alpha_prior, optimism=1.0, pool=True, learn=True, explore=UNTRUSTED_EXPLORE,
                    trust=UNTRUSTED_TRUST)
-
-    def prior(self, batch: Sequence[RequestView]) -> float:
-        """A request's alpha before its own drafts: `alpha_prior`, or with `pool` the pair's acceptance so far at its
-        upper bound (`optimism` sds of the pool's evidence): every request's accepted drafts and rejections since the
-        policy last planned it are added to the pool (which keeps the newest POOL_MEMORY drafts' worth), over
-        `alpha_prior` worth `prior_strength` drafts. Counters only, from
-        before the step: the law is untouched (a preempted request, readmitted, counts again: rare,
-        and it moves only the prior)."""
-        if not self.pool:
-            return self.alpha_prior
-        for r in batch:
-            accepted, rejections = self.seen.get(r.req_id, (0, 0))
-            self.pooled[0] += r.num_accepted_tokens - accepted
-            self.pooled[1] += r.num_rejections - rejections
-        self.seen = {r.req_id: (r.num_accepted_tokens, r.num_rejections) for r in batch}
-        keep = min(1.0, POOL_MEMORY / max(sum(self.pooled), 1.0))
-        self.pooled = [keep * n for n in self.pooled]
-        n = self.prior_strength + sum(self.pooled)
-        mean = (self.alpha_prior * self.prior_strength + self.pooled[0]) / n
-        return min(1.0, mean + self.optimism * math.sqrt(mean * (1 - mean) / (n + 1)))
 
     def observe(self, step: StepTime) -> None:
         "A decode step's measured time (the scheduler calls this); with `learn`, the costs move toward it."
         self.observed[step.kappa > 0] += 1
         if self.fit is not None:
             self.costs = self.fit.observe(*step)
+
+# %% ../nbs/08g_policy.ipynb #pool0ex1
+@patch
+def prior(self: KappaPolicy, batch: Sequence[RequestView]) -> float:
+    """A request's alpha before its own drafts: `alpha_prior`, or with `pool` the pair's acceptance so far at its upper
+    bound (`optimism` sds of the pool's evidence): every request's accepted drafts and rejections since the policy
+    last planned it are added to the pool (which keeps the newest POOL_MEMORY drafts' worth), over `alpha_prior` worth
+    `prior_strength` drafts. Counters only, from before the step: the law is untouched (a preempted request,
+    readmitted, counts again: rare, and it moves only the prior)."""
+    if not self.pool:
+        return self.alpha_prior
+    for r in batch:
+        accepted, rejections = self.seen.get(r.req_id, (0, 0))
+        self.pooled[0] += r.num_accepted_tokens - accepted
+        self.pooled[1] += r.num_rejections - rejections
+    self.seen = {r.req_id: (r.num_accepted_tokens, r.num_rejections) for r in batch}
+    keep = min(1.0, POOL_MEMORY / max(sum(self.pooled), 1.0))
+    self.pooled = [keep * n for n in self.pooled]
+    n = self.prior_strength + sum(self.pooled)
+    mean = (self.alpha_prior * self.prior_strength + self.pooled[0]) / n
+    return min(1.0, mean + self.optimism * math.sqrt(mean * (1 - mean) / (n + 1)))
+
 
 # %% ../nbs/08g_policy.ipynb #db624d34
 @patch
