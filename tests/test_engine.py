@@ -237,12 +237,13 @@ def adaptive_costs(batch) -> StepCosts:
 
 
 class RecordingPolicy(KappaPolicy):
-    """The adaptive policy as `KappaPolicy.adaptive` builds it for a refused calibration (optimistic, refitting its
-    costs after every decode step, exploring; the trusted one is the same without the refit), recording every kappa
+    """The adaptive policy as `KappaPolicy.adaptive` builds it for a refused calibration (optimistic, the pair's
+    acceptance pooled across requests, refitting its costs after every decode step, a tenth of the steps exploring;
+    the trusted one is the same without the refit and the exploring), recording every kappa
     it chooses into `chosen` (a Counter the test owns). The refit is fed each step's time under the synthetic costs,
     not the machine's: the mix of kappas must not depend on the load."""
     def __init__(self, costs, chosen, seed=0):
-        super().__init__(costs, alpha_prior=0.5, explore=0.1, optimism=1.0, learn=True, seed=seed)   # a tenth explore
+        super().__init__(costs, alpha_prior=0.5, explore=0.1, optimism=1.0, learn=True, seed=seed, pool=True)
         object.__setattr__(self, "chosen", chosen)
         object.__setattr__(self, "synthetic", costs)
 

@@ -206,7 +206,7 @@ class ChoiceCounter(KappaPolicy):
     costs (a fixed part worth a thousand positions) make the choice vary: while hundreds of requests run, a draft
     pays only for requests whose live alpha is high, and deeper runs pay as the batch drains."""
     def __init__(self):
-        super().__init__(ADAPTIVE_COSTS, alpha_prior=0.5, optimism=1.0)   # as KappaPolicy.adaptive plans
+        super().__init__(ADAPTIVE_COSTS, alpha_prior=0.5, optimism=1.0, pool=True)   # as KappaPolicy.adaptive plans
         object.__setattr__(self, "chosen", np.zeros(4, np.int64))
 
     def choose(self, step):
