@@ -6,7 +6,7 @@
 __all__ = ['EXPLORE_RUN', 'EXPLORE_UNTIL', 'UNTRUSTED_EXPLORE', 'UNTRUSTED_TRUST', 'POOL_MEMORY', 'MAX_FIT_ERROR',
            'CALIBRATION_STEPS', 'CALIBRATION_BUDGET_S', 'StepCosts', 'live_alpha', 'CostFit', 'seeded_kappas',
            'KappaPolicy', 'calibration_prompts', 'fit_step_costs', 'fit_error', 'calibration_problem',
-           'calibration_steps', 'fastest_steps', 'time_calibration_steps', 'calibration_fit_steps',
+           'calibration_costs', 'calibration_steps', 'fastest_steps', 'time_calibration_steps', 'calibration_fit_steps',
            'measure_step_costs']
 
 # %% ../nbs/08g_policy.ipynb #7fff309f
@@ -278,8 +278,8 @@ def fit_step_costs(steps: Sequence[StepTime]) -> StepCosts:
     from scipy.optimize import nnls                  # scipy loads on first use, not with the engine
     X = np.array([CostFit.features(*s[:3], *s[4:]) for s in steps])
     theta, _ = nnls(X, np.array([s.seconds for s in steps]))
-    if theta[0] + theta[1] <= 0:
-        raise ValueError("the measured steps cost nothing: no StepCosts fits them")
+    if theta[0] + theta[1] < 1e-9:                   # under a nanosecond: rounding, not a forward's cost
+        raise ValueError("no StepCosts fits the measured steps: the fit put none of their time on the target")
     return StepCosts(*map(float, theta))
 
 def fit_error(costs: StepCosts, steps: Sequence[StepTime]) -> float:
@@ -304,6 +304,17 @@ def calibration_problem(costs: StepCosts, steps: Sequence[StepTime], drafter: Dr
     if error > MAX_FIT_ERROR:
         return f"the fit misses its own steps by {error:.0%} (the median; {MAX_FIT_ERROR:.0%} is the most trusted)"
     return None
+
+def calibration_costs(steps: Sequence[StepTime], drafter: Drafter | None) -> tuple[StepCosts, str | None]:
+    """The costs a calibration's steps give, and `calibration_problem`'s verdict on them. Steps that fit no costs at
+    all (a busy machine's noise can put every second on terms other than the target's) give a refused calibration,
+    not an error: their median seconds as a step's only cost, where the online fit starts (`KappaPolicy.adaptive`)."""
+    try:
+        costs = fit_step_costs(steps)
+    except ValueError as e:
+        median = float(np.median([s.seconds for s in steps])) if steps else 0.0
+        return StepCosts(verify_s=max(median, 1e-6), verify_token_s=0.0), str(e)
+    return costs, calibration_problem(costs, steps, drafter)
 
 CALIBRATION_STEPS = 12     # timed decode steps per (batch size, kappa) cell, where the context and the budget allow
 CALIBRATION_BUDGET_S = 4.0 # seconds a calibration aims to take, prefills included, however busy the machine

@@ -59,7 +59,7 @@ from .drafters import Drafter, ModelDrafter, NgramDrafter, check_confidence
 from .runner import prompt_logprobs
 from .engine import SpecDecoder
 from .roofline import SpecMetrics
-from .policy import KappaPolicy, StepCosts, calibration_fit_steps, calibration_problem, fit_step_costs
+from .policy import KappaPolicy, StepCosts, calibration_costs, calibration_fit_steps
 from .model import Llama, load_model, load_tokenizer
 
 _log = logging.getLogger("speclab.serve")
@@ -113,12 +113,12 @@ class Calibration:
 
 def calibrate(target: Llama, drafter: Any, kappa_max: int, alpha: float = 0.5, **sizes: Any) -> Calibration:
     """This machine's step costs for `target` and `drafter` (`calibration_fit_steps`, sized by `sizes`: batch_sizes,
-    steps, prompt_len, fastest, budget_s), with `calibration_problem`'s verdict on them: call it before building the
+    steps, prompt_len, fastest, budget_s), with `calibration_costs`'s verdict on them: call it before building the
     engine."""
     t0 = time.perf_counter()
     steps = calibration_fit_steps(target, drafter, kappa_max, **sizes)
-    costs = fit_step_costs(steps)
-    return Calibration(costs, time.perf_counter() - t0, kappa_max, alpha, calibration_problem(costs, steps, drafter))
+    costs, problem = calibration_costs(steps, drafter)
+    return Calibration(costs, time.perf_counter() - t0, kappa_max, alpha, problem)
 
 def auto_policy(target: Llama, drafter: Any, kappa_max: int,
                 on_calibration: Callable[[Calibration], Any] | None = None,

@@ -14,7 +14,6 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from speclab import serve
 from speclab.policy import UNTRUSTED_EXPLORE
 from speclab.request import SamplingParams
 from speclab.serve import AUTO_KAPPA_MAX, EngineLoop, ServerThread, build_app, load_engine
@@ -76,12 +75,29 @@ def test_the_engine_is_adaptive(auto_server):
 def test_a_refused_calibration_is_said_and_explored_past(monkeypatch):
     """Costs that `calibration_problem` refuses (here: every one) are said in the start-up line, and the policy,
     which starts from them, also explores until its own steps have taught it both kinds of step."""
-    monkeypatch.setattr(serve, "calibration_problem", lambda costs, steps, drafter: "a drafter measured to cost 0 s")
+    refuse = lambda costs, steps, drafter: "a drafter measured to cost 0 s"
+    monkeypatch.setattr("speclab.policy.calibration_problem", refuse)
     seen = []
     engine = load_engine(tiny_pair_path("target"), None, ngram=3, max_num_seqs=2, on_calibration=seen.append)
     assert seen[0].problem == "a drafter measured to cost 0 s"
     assert "refused: a drafter measured to cost 0 s" in seen[0].describe()
     assert engine.scheduler.policy.explore == UNTRUSTED_EXPLORE and engine.scheduler.policy.learn
+
+
+def test_steps_that_fit_no_costs_refuse_the_calibration_instead_of_failing(monkeypatch):
+    """A busy machine's noise can leave no costs at all (the fit puts none of the steps' time on the target: the
+    error `speclab demo` once stopped with). The engine still starts: the calibration is refused with that reason and
+    the policy learns its costs from its own steps, starting from the median step."""
+    def no_fit(steps):
+        raise ValueError("no StepCosts fits the measured steps: the fit put none of their time on the target")
+    monkeypatch.setattr("speclab.policy.fit_step_costs", no_fit)
+    seen = []
+    engine = load_engine(tiny_pair_path("target"), None, ngram=3, max_num_seqs=2, on_calibration=seen.append)
+    assert "refused: no StepCosts fits the measured steps" in seen[0].describe()
+    assert seen[0].costs.verify_s > 0 and seen[0].costs.verify_token_s == 0
+    assert engine.scheduler.policy.learn and engine.scheduler.policy.explore == UNTRUSTED_EXPLORE
+    out = engine.generate(["def f(x):"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert len(out[0].token_ids) == 8
 
 
 def test_greedy_is_plain_greedy_and_counts_every_step(auto_server, oai, plain):
