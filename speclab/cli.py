@@ -883,7 +883,7 @@ def _add_audit(sub):
 def _kappa_flags(p):
     "How many tokens to draft, for `generate`, `demo` and `serve`: --kappa and the draft's stopping rule."
     p.add_argument("--kappa", type=kappa_arg, default=None, metavar="auto|N",
-                   help="drafted tokens per step: auto (the default) chooses per step and per request in 0..K "
+                   help="drafted tokens per step: auto (the default) chooses each step's depth in 0..K "
                         "from this machine's costs, measured at start-up (K: the number of speculative tokens "
                         f"given, else {AUTO_KAPPA_MAX}); N drafts N every step, 0 = plain decoding")
     p.add_argument("--min-confidence", type=float, default=None, metavar="P",

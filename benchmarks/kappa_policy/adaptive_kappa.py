@@ -79,7 +79,8 @@ def make_drafter(name: str, target, draft):
 def engines(target, draft, cals: dict, concurrency: int, drafters: list[str], refit: bool) -> dict:
     "Every engine of one concurrency: plain, then per drafter kappa 1, 2, 3 and auto (and auto refitting)."
     common = dict(max_num_seqs=concurrency, seed=0, num_blocks=16 * concurrency + 64)
-    out = {"plain": SpecDecoder(target, None, kappa=0, **common)}
+    out = {"plain": SpecDecoder(target, None, kappa=0, **common),
+           "plain-again": SpecDecoder(target, None, kappa=0, **common)}   # the control: the noise of a ratio of twins
     for name in drafters:
         for k in FIXED:
             out[f"{name}/kappa{k}"] = SpecDecoder(target, make_drafter(name, target, draft), kappa=k, **common)
@@ -115,6 +116,18 @@ def crossings(med: dict, alpha: dict, costs: dict, drafters: list[str]) -> dict:
     return out
 
 
+def best_name(med: dict, name: str) -> str:
+    "The configuration with the highest median among plain and the drafter's fixed kappas."
+    return max(["plain"] + [f"{name}/kappa{k}" for k in FIXED], key=lambda key: med[key])
+
+
+def paired_ratios(runs: dict, num: str, den: str) -> dict:
+    """num / den of the same round (run minutes apart, so a slow spell of the machine hits both), over the rounds:
+    median, min and max."""
+    r = [x[0] / y[0] for x, y in zip(runs[num], runs[den])]
+    return {"median": statistics.median(r), "min": min(r), "max": max(r), "rounds": r}
+
+
 def main(argv: list[str] | None = None) -> dict:
     "Run the grid; print the table or the JSON."
     a = parse_args(argv)
@@ -130,10 +143,10 @@ def main(argv: list[str] | None = None) -> dict:
             eng.generate(prompts[min(prompts)][:2], SamplingParams(temperature=0, max_tokens=4))      # warm
     runs = {c: {name: [] for name in engs} for c, engs in grid.items()}
     loads = [os.getloadavg()[0]]
-    for _ in range(a.rounds):
+    for i in range(a.rounds):
         for c, engs in grid.items():
-            for name, eng in engs.items():
-                runs[c][name].append(run(eng, prompts[c], params))
+            for name in (list(engs) if i % 2 == 0 else list(engs)[::-1]):    # drift in the machine hits all alike
+                runs[c][name].append(run(engs[name], prompts[c], params))
         loads.append(os.getloadavg()[0])
     med = {c: {name: statistics.median(r[0] for r in v) for name, v in rs.items()} for c, rs in runs.items()}
     chosen = {c: {name: [sum(x) for x in zip(*(r[2] for r in v))] for name, v in rs.items()
@@ -143,6 +156,9 @@ def main(argv: list[str] | None = None) -> dict:
     best = {c: {name: max([m["plain"]] + [m[f"{name}/kappa{k}"] for k in FIXED]) for name in a.drafters}
             for c, m in med.items()}
     ratio = {name: {c: m[f"{name}/auto"] / best[c][name] for c, m in med.items()} for name in a.drafters}
+    paired = {name: {c: paired_ratios(runs[c], f"{name}/auto", best_name(med[c], name)) for c in med}
+              for name in a.drafters}
+    control = {c: paired_ratios(runs[c], "plain-again", "plain") for c in med}
     refit = {name: {c: m[f"{name}/refit"] / best[c][name] for c, m in med.items()} for name in a.drafters} \
         if a.refit else None
     learned = {c: {name: dataclasses.asdict(eng.scheduler.policy.costs) for name, eng in engs.items()
@@ -154,7 +170,8 @@ def main(argv: list[str] | None = None) -> dict:
            "calibration_s": {n: cal.seconds for n, cal in cals.items()},
            "calibration_problem": {n: cal.problem for n, cal in cals.items()},
            "costs": {n: dataclasses.asdict(c) for n, c in costs.items()}, "learned_costs": learned,
-           "tokens_per_s": med, "auto_over_best": ratio, "refit_over_best": refit, "kappa_counts": chosen,
+           "tokens_per_s": med, "auto_over_best": ratio, "auto_over_best_paired": paired, "control_paired": control,
+           "order": "engines in list order in even rounds, reversed in odd ones", "refit_over_best": refit, "kappa_counts": chosen,
            "crossing": crossings(med, alpha, costs, a.drafters)}
     if a.out:
         with open(a.out, "w") as f:
@@ -172,6 +189,10 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{c:>11} " + " ".join(f"{m[col]:9.1f}" for col in cols) + f"  {ratio[name][c]:.3f}" +
                   (f"  {refit[name][c]:.3f}" if refit else ""))
         print(f"crossing: {out['crossing'][name]}")
+        print("auto / best, round by round (median [min, max]): " + "  ".join(
+            f"{c}: {r['median']:.3f} [{r['min']:.3f}, {r['max']:.3f}]" for c, r in paired[name].items()))
+    print("control, plain-again / plain round by round: " + "  ".join(
+        f"{c}: {r['median']:.3f} [{r['min']:.3f}, {r['max']:.3f}]" for c, r in control.items()))
     return out
 
 
