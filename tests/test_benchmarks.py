@@ -324,3 +324,35 @@ def test_open_loop_quick_keeps_the_servers_asked_for() -> None:
     assert ol.parse_args([]).servers == list(ol.SERVERS)
     with pytest.raises(SystemExit):
         ol.parse_args(["--servers", "speclab-plainn"])
+
+
+def test_adaptive_kappa_pairs_each_round_with_the_best_configuration() -> None:
+    """adaptive_kappa.py: the best configuration is the one with the highest median among plain and the drafter's
+    fixed kappas (never auto, never another drafter's); the paired ratios divide round by round."""
+    ak = script("adaptive_kappa")
+    med = {"plain": 100.0, "model/kappa1": 120.0, "model/kappa2": 110.0, "model/kappa3": 90.0, "model/auto": 150.0,
+           "ngram/kappa1": 200.0}
+    assert ak.best_name(med, "model") == "model/kappa1"
+    runs = {"model/auto": [(110.0, 0.5, []), (130.0, 0.5, []), (99.0, 0.5, [])],
+            "model/kappa1": [(100.0, 0.5, []), (130.0, 0.5, []), (110.0, 0.5, [])]}
+    r = ak.paired_ratios(runs, "model/auto", "model/kappa1")
+    assert r["rounds"] == [1.1, 1.0, 0.9]
+    assert (r["median"], r["min"], r["max"]) == (1.0, 0.9, 1.1)
+
+
+def test_split_steps_draws_once_a_step_or_once_a_request() -> None:
+    """split_steps.py: the per-step mix gives every request of a step the same kappa, the per-request mix splits
+    almost every step of 16; both draw 0, 1 and 2 and keep each request's cap."""
+    from types import SimpleNamespace
+    ss = script("split_steps")
+    view = SimpleNamespace(caps=(4,) * 16)
+    per_step = [ss.MixPolicy(per_request=False).choose(view)] + [ss.MixPolicy(False, seed=s).choose(view)
+                                                                  for s in range(1, 200)]
+    assert all(len(set(plan)) == 1 for plan in per_step)
+    assert {plan[0] for plan in per_step} == {0, 1, 2}
+    mixer = ss.MixPolicy(per_request=True)
+    per_request = [mixer.choose(view) for _ in range(200)]
+    assert sum(len(set(plan)) > 1 for plan in per_request) >= 195
+    assert {k for plan in per_request for k in plan} == {0, 1, 2}
+    capped = ss.MixPolicy(per_request=True)
+    assert all(k <= c for _ in range(100) for k, c in zip(capped.choose(SimpleNamespace(caps=(1, 0, 2))), (1, 0, 2)))
