@@ -20,15 +20,19 @@ import random
 import statistics
 import time
 
+import sys
+from pathlib import Path
+
 import torch
 
-from speclab.drafters import ModelDrafter, NgramDrafter
-from speclab.eagle import eagle_drafter
 from speclab.engine import SpecDecoder
 from speclab.model import load_model
 from speclab.request import SamplingParams
 from speclab.sweep import sweep_prompts
 from speclab.train import tiny_pair_path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from adaptive_kappa import make_drafter  # noqa: E402  (the closed-loop benchmark's drafters, one per engine)
 
 WEIGHTS = (0.3, 0.35, 0.35)        # kappa 0, 1, 2
 
@@ -51,15 +55,6 @@ class MixPolicy:
 
     def observe(self, step) -> None:
         "Step times are not used."
-
-
-def make_drafter(name: str, target, draft):
-    "A fresh drafter of a kind (each engine binds its own)."
-    if name == "model":
-        return ModelDrafter(draft)
-    if name == "ngram":
-        return NgramDrafter(3)
-    return eagle_drafter(target)
 
 
 def main(argv: list[str] | None = None) -> dict:
