@@ -147,10 +147,9 @@ POOL_FADE = 0.99         # and what that evidence counts for one planned step la
 
 @dataclass
 class KappaPolicy:
-    """Per step, the kappas that maximise expected tokens per second: Chapter 2's E(alpha, kappa)
-    over the step's time, with each request's live alpha and this machine's `costs`. Every request drafts min(K, its
-    cap) tokens or none does; the policy tries every K. It reads only what is known before the step: exact for any
-    choice.
+    """Per step, the kappas that maximise expected tokens per second: Chapter 2's E(alpha, kappa) over the step's
+    time, with each request's live alpha and this machine's `costs`. Every request drafts min(K, its cap) tokens or
+    none does; the policy tries every K. It reads only what is known before the step: exact for any choice.
     With `learn`, the costs follow the engine's measured steps (`CostFit`) from the given ones on; with `explore`, that
     share of steps starts a run of the best plan of the other kind (drafting if plain looks best, else plain), from
     the policy's own generator, until it has observed EXPLORE_UNTIL steps of each kind: the fit then knows both, and
@@ -251,7 +250,7 @@ def choose(self: KappaPolicy, step: StepView) -> list[int]:
     for K in range(1, max(free, default=0) + 1):
         ks = [min(K, c) for c in free]
         drafting = [i for i, k in enumerate(ks) if k]
-        tokens = tokens0 + sum(sum(alphas[i] ** j for j in range(1, ks[i] + 1)) for i in drafting)   # E each
+        tokens = tokens0 + sum(sum(alphas[i] ** j for j in range(1, ks[i] + 1)) for i in drafting)   # E - 1 each
         reads = kv0 + sum(context_reads(lengths[i], ks[i]) - context_reads(lengths[i], 0) for i in drafting)
         seconds = self.costs.step_s(positions0 + sum(ks), drafting0 + len(drafting), max(K, deepest0), None, reads)
         if tokens / seconds > best_rate:
