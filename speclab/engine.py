@@ -123,7 +123,9 @@ class SpecDecoder:
         lag = int(window is not None and len(models) > 1)      # the draft's queries lag the target's by one
         bm = BlockManager(num_blocks, config.block_size, window and window + lag, config.enable_prefix_caching)
         self.runner = ModelRunner(self.config, target, drafter, sampler or partial(rejection_sampler, check=False))
-        reuses = drafter is not None and drafter.reuses_prefix_kv   # a draft model's K/V are in a prefix hit
+        # A draft model's K/V are in a prefix hit, and every prompt is drafted on at once to put them there; under a
+        # policy, which may plan plain, the draft computes a request's K/V when it first drafts (a hit's recomputed)
+        reuses = drafter is not None and drafter.reuses_prefix_kv and policy is None
         self.scheduler = Scheduler(self.config, bm, reuses, policy, self.runner.move_kv)
         self.processor = InputProcessor(self.config, target.args.vocab_size, tokenizer, self.gen)
         self.requests = {}                                     # req_id -> RequestState, until it finishes
@@ -215,7 +217,9 @@ def _run(self: SpecDecoder, plan: StepPlan) -> tuple[list[StepOutput], Proposal]
     generators = {id(g): (g, g.get_state()) for r in plan.requests for g in (r.target_gen, r.draft_gen)}
     try:
         t0 = time.perf_counter()
-        proposal = self.runner.draft(plan, catch_up=self.config.enable_prefix_caching)
+        window = self.config.sliding_window is not None
+        catch_up = self.config.enable_prefix_caching and (self.scheduler.draft_reuses_prefix or window)
+        proposal = self.runner.draft(plan, catch_up=catch_up)
         t1 = time.perf_counter()
         result = self.runner.verify(plan, proposal)
         t2 = time.perf_counter()
