@@ -356,3 +356,26 @@ def test_split_steps_draws_once_a_step_or_once_a_request() -> None:
     assert {k for plan in per_request for k in plan} == {0, 1, 2}
     capped = ss.MixPolicy(per_request=True)
     assert all(k <= c for _ in range(100) for k, c in zip(capped.choose(SimpleNamespace(caps=(1, 0, 2))), (1, 0, 2)))
+
+
+def test_step_miss_times_only_steady_steps_of_the_whole_batch() -> None:
+    """step_miss.py: the timed steps are decode steps of the whole batch with every request drafting kappa (no prompt
+    in them, no request capped near its end); a cell's prediction is the costs' time for those very steps, its E is
+    1 + kappa alpha, and the engine gets its own step back."""
+    from speclab.drafters import ModelDrafter
+    from speclab.engine import SpecDecoder
+    from speclab.policy import StepCosts
+    from speclab.request import SamplingParams
+    from speclab.testing import tiny_random_pair
+    sm = script("step_miss")
+    target, draft = tiny_random_pair()
+    eng = SpecDecoder(target, ModelDrafter(draft), kappa=2, max_num_seqs=3, seed=0)
+    prompts = [[1, 2, 3, 4, 5], [6, 7, 1], [2, 3, 4, 5]] * 2
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    steps = sm.steady_steps(eng, prompts, params, 3, 2)
+    assert steps and all((s.num_positions, s.num_drafting, s.kappa) == (9, 3, 2) for s in steps)
+    assert "step" not in vars(eng)
+    c = sm.cell(eng, StepCosts(verify_s=1e-3, verify_token_s=1e-4), prompts, params, 3, 2)
+    assert c["steps"] == len(steps) and c["predicted_s"] == pytest.approx(1e-3 + 9e-4)
+    assert 0 <= c["alpha"] <= 1 and c["E"] == pytest.approx(1 + 2 * c["alpha"])
+    assert c["measured_over_predicted"] == pytest.approx(c["measured_s"] / c["predicted_s"])
