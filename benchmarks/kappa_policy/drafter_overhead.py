@@ -3,15 +3,16 @@
     python benchmarks/kappa_policy/drafter_overhead.py [--concurrency 16] [--requests 16] [--rounds 3] [--profile]
 
 The shipped pair (fp32, one torch thread), Chapter 9c's held-out prompts (`--requests` of them) x 48 greedy tokens,
-`max_num_seqs` = concurrency, a pool of 16 x concurrency + 64 blocks as in `adaptive_kappa.py` (so a round's prompts
-are not found in the prefix cache from the round before). Engines: plain decoding (no drafter), and n-gram lookup,
-the draft model and the shipped EAGLE head, each under `KappaPolicy.adaptive` with the costs recorded in `adaptive_kappa_first_step.json` (so every
-run plans alike). At 16 requests the policy plans kappa 0 in nearly every request-step, so an engine's distance from
-plain decoding is what its drafter costs on plain steps. `model/eager` is the draft model's engine with the prefix
-cache's draft K/V shared as without a policy (every prompt drafted on as it arrives, Chapter 8's "Under a policy, the
-draft waits"): the price of that sharing, side by side. Rounds are interleaved; printed per engine: its best round
-over plain decoding's best, the median over rounds of its ratio to plain's run of the same round, and the kappa
-counts of its last round. `--profile` adds the top speclab functions of one more round per engine (cProfile).
+`max_num_seqs` = concurrency, a pool of 16 x concurrency + 64 blocks as in `adaptive_kappa.py` (so a round's prompts are
+not found in the prefix cache from the round before). Engines: plain decoding (no drafter), and n-gram lookup, the draft
+model and the shipped EAGLE head, each under `KappaPolicy.adaptive` with the costs recorded in
+`adaptive_kappa_first_step.json` (so every run plans alike). At 16 requests the policy plans kappa 0 in nearly every
+request-step, so an engine's distance from plain decoding is what its drafter costs on plain steps. `model/eager` is the
+draft model's engine with the prefix cache's draft K/V shared as without a policy (every prompt drafted on as it
+arrives, Chapter 8's "Under a policy, the draft waits"): the price of that sharing, side by side. Rounds are
+interleaved; printed per engine: its best round over plain decoding's best, the median over rounds of its ratio to
+plain's run of the same round, and the kappa counts of its last round. `--profile` adds the top speclab functions of one
+more round per engine (cProfile).
 """
 import argparse
 import cProfile
