@@ -50,6 +50,7 @@ class StepTime(NamedTuple):
     seconds: float
     num_draft_fed: int = 0
     num_kv: int = 0                    # K/V rows its attention read (`context_reads`)
+    num_requests: int = 0              # requests in the step (0: not recorded)
 
 def context_reads(num_tokens: int, num_drafts: int) -> int:
     """The K/V rows a decode step of a request of `num_tokens` tokens reads when it drafts `num_drafts`: its whole
@@ -253,7 +254,7 @@ def observe(self: Scheduler, plan: StepPlan, proposal: Proposal, seconds: float)
     fed = sum(lag for lag, n in zip(lags, drafted) if n)
     num_drafting, kappa = sum(n > 0 for n in drafted), max(drafted, default=0)
     reads = sum(context_reads(start + 1, n) for start, n in zip(plan.first_positions(), drafted))   # decode steps
-    shape = StepTime(plan.num_context + sum(drafted), num_drafting, kappa, seconds, fed, reads)
+    shape = StepTime(plan.num_context + sum(drafted), num_drafting, kappa, seconds, fed, reads, len(plan.requests))
     if self.policy is not None and plan.num_context == len(plan.requests):
         self.policy.observe(shape)
     return shape

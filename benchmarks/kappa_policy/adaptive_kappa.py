@@ -10,7 +10,8 @@ are: kappa 1, 2 and 3 fixed, and what `speclab serve` builds for `--kappa auto`:
 `speclab.serve.calibrate` (this machine's costs, one calibration per drafter, recorded with the run with its
 verdict; each request's live alpha; a trusted calibration's costs as they are, a refused one's refitted), kappa in
 0..4. With `--refit`, also the same policy refitting the costs after every decode step (`learn=True`, the
-calibration worth one step), side by side.
+calibration worth one step), side by side; with `--uncorrected`, also auto without the measured miss of each kind
+of step (`KappaPolicy.correct` off: the costs as calibrated), side by side.
 Plain decoding is shared by all drafters. Every engine is built once and warmed; each round runs every engine at
 every concurrency in one interleaved order, so a busy machine slows them alike. Medians over rounds; every ratio is
 of medians of the same run:
@@ -23,6 +24,7 @@ of medians of the same run:
 import argparse
 import dataclasses
 import json
+import math
 import os
 import platform
 import statistics
@@ -42,6 +44,7 @@ from speclab.sweep import sweep_prompts
 from speclab.train import tiny_pair_path
 
 FIXED = (1, 2, 3)
+VARIANTS = ("auto", "refit", "uncorrected")     # the policy's engines: their kappa counts and costs are recorded
 KAPPA_MAX = 4                     # speclab serve's AUTO_KAPPA_MAX
 DRAFTERS = ("model", "ngram", "eagle")
 
@@ -59,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: speclab serve's, every core "
                     "but one; older saved runs used 2)")
     ap.add_argument("--refit", action="store_true", help="also run auto refitting its costs (name/refit)")
+    ap.add_argument("--uncorrected", action="store_true", help="also run auto without the measured miss of each "
+                    "kind of step (name/uncorrected: KappaPolicy.correct off), side by side")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--out", help="also write the JSON here")
     a = ap.parse_args(argv)
@@ -76,8 +81,9 @@ def make_drafter(name: str, target, draft):
     return eagle_drafter(target)
 
 
-def engines(target, draft, cals: dict, concurrency: int, drafters: list[str], refit: bool) -> dict:
-    "Every engine of one concurrency: plain, then per drafter kappa 1, 2, 3 and auto (and auto refitting)."
+def engines(target, draft, cals: dict, concurrency: int, drafters: list[str], refit: bool,
+            uncorrected: bool = False) -> dict:
+    "Every engine of one concurrency: plain, then per drafter kappa 1, 2, 3 and auto (and its variants asked for)."
     common = dict(max_num_seqs=concurrency, seed=0, num_blocks=16 * concurrency + 64)
     out = {"plain": SpecDecoder(target, None, kappa=0, **common),
            "plain-again": SpecDecoder(target, None, kappa=0, **common)}   # the control: the noise of a ratio of twins
@@ -87,6 +93,9 @@ def engines(target, draft, cals: dict, concurrency: int, drafters: list[str], re
         policy = KappaPolicy.adaptive(cals[name].costs, trusted=cals[name].problem is None)
         out[f"{name}/auto"] = SpecDecoder(target, make_drafter(name, target, draft), kappa=KAPPA_MAX, **common,
                                           policy=policy)
+        if uncorrected:
+            out[f"{name}/uncorrected"] = SpecDecoder(target, make_drafter(name, target, draft), kappa=KAPPA_MAX,
+                                                     **common, policy=dataclasses.replace(policy, correct=False))
         if refit:
             out[f"{name}/refit"] = SpecDecoder(target, make_drafter(name, target, draft), kappa=KAPPA_MAX, **common,
                                                policy=KappaPolicy(cals[name].costs, optimism=1.0, learn=True))
@@ -137,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
     costs = {name: cal.costs for name, cal in cals.items()}
     prompts = {c: sweep_prompts(max(16, a.requests_per_client * c), 64) for c in a.concurrency}
     params = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)
-    grid = {c: engines(target, draft, cals, c, a.drafters, a.refit) for c in a.concurrency}
+    grid = {c: engines(target, draft, cals, c, a.drafters, a.refit, a.uncorrected) for c in a.concurrency}
     for engs in grid.values():
         for eng in engs.values():
             eng.generate(prompts[min(prompts)][:2], SamplingParams(temperature=0, max_tokens=4))      # warm
@@ -150,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict:
         loads.append(os.getloadavg()[0])
     med = {c: {name: statistics.median(r[0] for r in v) for name, v in rs.items()} for c, rs in runs.items()}
     chosen = {c: {name: [sum(x) for x in zip(*(r[2] for r in v))] for name, v in rs.items()
-                  if name.endswith(("auto", "refit"))}
+                  if name.endswith(VARIANTS)}
               for c, rs in runs.items()}
     alpha = {name: statistics.median(r[1] for r in runs[min(runs)][f"{name}/kappa3"]) for name in a.drafters}
     best = {c: {name: max([m["plain"]] + [m[f"{name}/kappa{k}"] for k in FIXED]) for name in a.drafters}
@@ -161,8 +170,13 @@ def main(argv: list[str] | None = None) -> dict:
     control = {c: paired_ratios(runs[c], "plain-again", "plain") for c in med}
     refit = {name: {c: m[f"{name}/refit"] / best[c][name] for c, m in med.items()} for name in a.drafters} \
         if a.refit else None
+    uncorrected = {name: {c: m[f"{name}/uncorrected"] / best[c][name] for c, m in med.items()} for name in a.drafters} \
+        if a.uncorrected else None
     learned = {c: {name: dataclasses.asdict(eng.scheduler.policy.costs) for name, eng in engs.items()
-                   if name.endswith(("auto", "refit"))} for c, engs in grid.items()}
+                   if name.endswith(VARIANTS)} for c, engs in grid.items()}
+    misses = {c: {name: {b: [math.exp(s / w) if w else None for s, w in kinds] for b, kinds in
+                         eng.scheduler.policy.misses.items()}
+                  for name, eng in engs.items() if name.endswith(VARIANTS)} for c, engs in grid.items()}
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
            platform.machine(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "load": loads,
            "tokens": a.tokens, "rounds": a.rounds,
@@ -171,7 +185,8 @@ def main(argv: list[str] | None = None) -> dict:
            "calibration_problem": {n: cal.problem for n, cal in cals.items()},
            "costs": {n: dataclasses.asdict(c) for n, c in costs.items()}, "learned_costs": learned,
            "tokens_per_s": med, "auto_over_best": ratio, "auto_over_best_paired": paired, "control_paired": control,
-           "order": "engines in list order in even rounds, reversed in odd ones", "refit_over_best": refit, "kappa_counts": chosen,
+           "order": "engines in list order in even rounds, reversed in odd ones", "refit_over_best": refit,
+           "uncorrected_over_best": uncorrected, "misses": misses, "kappa_counts": chosen,
            "crossing": crossings(med, alpha, costs, a.drafters)}
     if a.out:
         with open(a.out, "w") as f:
@@ -183,11 +198,13 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{name}: {cals[name].describe()}")
         cols = ["plain"] + [f"{name}/kappa{k}" for k in FIXED] + [f"{name}/auto"]
         cols += [f"{name}/refit"] if refit else []
+        cols += [f"{name}/uncorrected"] if uncorrected else []
         print(f"{'concurrency':>11} " + " ".join(f"{c.split('/')[-1]:>9}" for c in cols) + "  auto / best" +
-              ("  refit / best" if refit else ""))
+              ("  refit / best" if refit else "") + ("  uncorrected / best" if uncorrected else ""))
         for c, m in med.items():
             print(f"{c:>11} " + " ".join(f"{m[col]:9.1f}" for col in cols) + f"  {ratio[name][c]:.3f}" +
-                  (f"  {refit[name][c]:.3f}" if refit else ""))
+                  (f"  {refit[name][c]:.3f}" if refit else "") +
+                  (f"  {uncorrected[name][c]:.3f}" if uncorrected else ""))
         print(f"crossing: {out['crossing'][name]}")
         print("auto / best, round by round (median [min, max]): " + "  ".join(
             f"{c}: {r['median']:.3f} [{r['min']:.3f}, {r['max']:.3f}]" for c, r in paired[name].items()))
