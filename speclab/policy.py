@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['EXPLORE_RUN', 'EXPLORE_UNTIL', 'UNTRUSTED_EXPLORE', 'UNTRUSTED_TRUST', 'POOL_MEMORY', 'POOL_FADE', 'MISS_FADE',
-           'MISS_PROBES', 'CLOSE_CALL', 'MAX_FIT_ERROR', 'CALIBRATION_STEPS', 'CALIBRATION_BUDGET_S', 'StepCosts',
-           'live_alpha', 'CostFit', 'seeded_kappas', 'KappaPolicy', 'batch_bucket', 'calibration_prompts',
+           'MISS_PROBES', 'MISS_PRIOR', 'CLOSE_CALL', 'MAX_FIT_ERROR', 'CALIBRATION_STEPS', 'CALIBRATION_BUDGET_S',
+           'StepCosts', 'live_alpha', 'CostFit', 'seeded_kappas', 'KappaPolicy', 'batch_bucket', 'calibration_prompts',
            'fit_step_costs', 'fit_error', 'calibration_problem', 'calibration_costs', 'calibration_steps',
            'fastest_steps', 'time_calibration_steps', 'calibration_fit_steps', 'measure_step_costs']
 
@@ -144,8 +144,9 @@ UNTRUSTED_EXPLORE = 0.1  # the share of steps that start a run, once a calibrati
 UNTRUSTED_TRUST = 0.01   # and what refused costs are worth in the fit: a hundredth of a step
 POOL_MEMORY = 256.0      # with `pool`: the drafts' worth of evidence the pair's pooled acceptance keeps
 POOL_FADE = 0.99         # and what that evidence counts for one planned step later
-MISS_FADE = 0.99         # with `correct`: what a measured miss counts one observed step later, at its batch size
+MISS_FADE = 0.999        # with `correct`: what a measured miss counts one observed step later, at its batch size
 MISS_PROBES = 2.0        # the evidence (in steps) under which a close call probes the kind it has not measured
+MISS_PRIOR = 1.0         # the costs' own word (a miss of 1) counts as this many steps: a stale miss fades back to it
 CLOSE_CALL = 0.10        # a close call: plain's and the best drafting plan's rates within this of each other
 
 @dataclass
@@ -249,13 +250,10 @@ def batch_bucket(batch_size: int) -> int:
 @patch
 def miss(self: KappaPolicy, batch_size: int, drafting: bool) -> tuple[float, float]:
     """How far the costs have missed this kind of step (plain or drafting) at this batch size: measured seconds over
-    predicted, a geometric mean in which recent steps weigh more, and the evidence behind it, in steps ((1.0, 0.0)
-    before any step of that kind)."""
-    kinds = self.misses.get(batch_bucket(batch_size))
-    if kinds is None or kinds[drafting][1] == 0:
-        return 1.0, 0.0
-    log_miss, evidence = kinds[drafting]
-    return math.exp(log_miss / evidence), evidence
+    predicted, a geometric mean in which recent steps weigh more and the costs' own word (a miss of 1) counts
+    MISS_PRIOR steps, and the evidence behind it, in steps. As the evidence fades, the miss returns to 1."""
+    log_miss, evidence = self.misses.get(batch_bucket(batch_size), ((0.0, 0.0), (0.0, 0.0)))[drafting]
+    return math.exp(log_miss / (evidence + MISS_PRIOR)), evidence
 
 @patch
 def note_miss(self: KappaPolicy, step: StepTime) -> None:
@@ -280,7 +278,8 @@ def choose(self: KappaPolicy, step: StepView) -> list[int]:
     """Each request's kappa (at most its cap), from the step's frozen view alone: one depth K for the step, every free
     request drafting min(K, its cap), or none (a plain step). A seeded request drafts its cap whatever the batch and
     the costs (`seeded_kappas`); the others are planned around it. With `correct`, each kind's rate is scaled by its
-    measured `miss` at this batch size, and a close call with too little evidence of a kind plans that kind."""
+    measured `miss` at this batch size; a kind never measured at this size, or in a close call with too little
+    evidence, is planned: a probe."""
     batch, caps = step.requests, step.caps
     num_context = min(step.num_context, len(batch))   # prompt positions are paid whatever the plan (see below)
     prior, optimism = self.prior(batch), self.optimism / math.sqrt(len(batch))
@@ -308,7 +307,7 @@ def choose(self: KappaPolicy, step: StepView) -> list[int]:
         plain_rate, best_rate = plain_rate / plain_miss, best_rate / draft_miss
         drafts = best_rate > plain_rate
         close = max(plain_rate, best_rate) < (1 + CLOSE_CALL) * min(plain_rate, best_rate)
-        if close and min(plain_seen, draft_seen) < MISS_PROBES:
+        if (close or not plain_seen or not draft_seen) and min(plain_seen, draft_seen) < MISS_PROBES:
             drafts = draft_seen < plain_seen
     curious = self.explore and min(self.observed) < EXPLORE_UNTIL
     if curious and not self.exploring and self.rng.random() < self.explore:

@@ -3,8 +3,9 @@
     python benchmarks/kappa_policy/adaptive_kappa.py                                   # table
     python benchmarks/kappa_policy/adaptive_kappa.py --rounds 3 --json --out FILE      # also one JSON file
 
-On the shipped tiny pair (fp32; `--threads`, by default `speclab serve`'s: every core but one), the same 16
-held-out prompts (Chapter 9c's) are served with `max_num_seqs` = concurrency (continuous batching), greedy,
+On the shipped tiny pair (fp32; `--threads`, by default `speclab serve`'s: every core but one), C clients each send
+`--requests-per-client` held-out prompts (Chapter 9c's, at least 16 in all, new ones every round, so that no round
+is served from the prefix cache of another) to engines with `max_num_seqs` = C (continuous batching), greedy,
 `--tokens` new tokens each. Per drafter (the draft model, n-gram lookup n <= 3, the shipped EAGLE head) the engines
 are: kappa 1, 2 and 3 fixed, and what `speclab serve` builds for `--kappa auto`: `KappaPolicy.adaptive` on
 `speclab.serve.calibrate` (this machine's costs, one calibration per drafter, recorded with the run with its
@@ -12,9 +13,10 @@ verdict; each request's live alpha; a trusted calibration's costs as they are, a
 0..4. With `--refit`, also the same policy refitting the costs after every decode step (`learn=True`, the
 calibration worth one step), side by side; with `--uncorrected`, also auto without the measured miss of each kind
 of step (`KappaPolicy.correct` off: the costs as calibrated), side by side.
-Plain decoding is shared by all drafters. Every engine is built once and warmed; each round runs every engine at
-every concurrency in one interleaved order, so a busy machine slows them alike. Medians over rounds; every ratio is
-of medians of the same run:
+Plain decoding is shared by all drafters. Every engine is built once and warmed; in each round a concurrency's
+engines run together, one step of each in turn, each timed by its own steps (`--interleave steps`), so a slow spell
+of the machine, which lasts far longer than a step, slows them alike (`--interleave runs`: one engine's whole run
+after another, as older records did). Medians over rounds; every ratio is of medians of the same run:
 
 * auto / best: auto against max(plain, kappa 1, 2, 3), the issue's bar is 0.97;
 * the calibration's predicted crossing (the batch from which plain is best at alpha = the drafter's measured
@@ -36,7 +38,7 @@ from speclab.cli import available_cores, serve_threads
 from speclab.eagle import eagle_drafter
 from speclab.request import SamplingParams
 from speclab.drafters import ModelDrafter, NgramDrafter
-from speclab.engine import SpecDecoder
+from speclab.engine import SpecDecoder, cycle_collector_paused
 from speclab.policy import KappaPolicy
 from speclab.serve import calibrate
 from speclab.model import load_model
@@ -44,6 +46,7 @@ from speclab.sweep import sweep_prompts
 from speclab.train import tiny_pair_path
 
 FIXED = (1, 2, 3)
+PROMPT_SEED = 3                   # round i serves sweep_prompts(..., seed=PROMPT_SEED + i): new prompts every round
 VARIANTS = ("auto", "refit", "uncorrected")     # the policy's engines: their kappa counts and costs are recorded
 KAPPA_MAX = 4                     # speclab serve's AUTO_KAPPA_MAX
 DRAFTERS = ("model", "ngram", "eagle")
@@ -64,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--refit", action="store_true", help="also run auto refitting its costs (name/refit)")
     ap.add_argument("--uncorrected", action="store_true", help="also run auto without the measured miss of each "
                     "kind of step (name/uncorrected: KappaPolicy.correct off), side by side")
+    ap.add_argument("--interleave", choices=("steps", "runs"), default="steps", help="steps (default): each round "
+                    "runs a concurrency's engines together, one step of each in turn, each timed by its own steps, so "
+                    "the machine's slow spells hit every engine alike; runs: one engine's whole run after another")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--out", help="also write the JSON here")
     a = ap.parse_args(argv)
@@ -114,6 +120,32 @@ def run(eng: SpecDecoder, prompts: list, params: SamplingParams) -> tuple[float,
     return sum(len(o.token_ids) for o in outs) / seconds, accepted / drafted if drafted else float("nan"), counts
 
 
+def run_together(engs: dict, names: list, prompts: list, params: SamplingParams) -> dict:
+    """`run` for several engines at once: every engine gets the prompts, then they take one step each in turn until
+    all are done, each engine's seconds its own steps' (a busy spell of the machine lasts far longer than a step, so
+    it slows every engine alike). {name: (tokens per second, acceptance rate, kappa counts)}."""
+    before = {n: dataclasses.replace(engs[n].metrics, kappa_counts=list(engs[n].metrics.kappa_counts)) for n in names}
+    for n in names:
+        for prompt in prompts:
+            engs[n].add_request(prompt, params)
+    seconds, tokens = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
+    with cycle_collector_paused():
+        while any(engs[n].has_unfinished() for n in names):
+            for n in names:
+                if engs[n].has_unfinished():
+                    t0 = time.perf_counter()
+                    outs = engs[n].step()
+                    seconds[n] += time.perf_counter() - t0
+                    tokens[n] += sum(len(o.new_token_ids) for o in outs)
+    out = {}
+    for n in names:
+        m, b = engs[n].metrics, before[n]
+        drafted, accepted = m.num_draft_tokens - b.num_draft_tokens, m.num_accepted_tokens - b.num_accepted_tokens
+        counts = [a - (b.kappa_counts[i] if i < len(b.kappa_counts) else 0) for i, a in enumerate(m.kappa_counts)]
+        out[n] = (tokens[n] / seconds[n], accepted / drafted if drafted else float("nan"), counts)
+    return out
+
+
 def crossings(med: dict, alpha: dict, costs: dict, drafters: list[str]) -> dict:
     "Per drafter: the predicted crossing (calibrated costs, measured alpha) and the measured one."
     out = {}
@@ -144,18 +176,27 @@ def main(argv: list[str] | None = None) -> dict:
     target, draft = load_model(tiny_pair_path("target")), load_model(tiny_pair_path("draft"))
     cals = {name: calibrate(target, make_drafter(name, target, draft), KAPPA_MAX) for name in a.drafters}
     costs = {name: cal.costs for name, cal in cals.items()}
-    prompts = {c: sweep_prompts(max(16, a.requests_per_client * c), 64) for c in a.concurrency}
+    # fresh held-out prompts every round: the same prompts again would be prefix-cache hits from the second round on,
+    # which spare plain decoding its prefills and not a policy's draft (Chapter 8: the draft waits for its first draft)
+    prompts = {c: [sweep_prompts(max(16, a.requests_per_client * c), 64, seed=PROMPT_SEED + i) for i in range(a.rounds)]
+               for c in a.concurrency}
     params = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)
     grid = {c: engines(target, draft, cals, c, a.drafters, a.refit, a.uncorrected) for c in a.concurrency}
+    warm = sweep_prompts(2, 64, seed=PROMPT_SEED - 1)                   # prompts no round serves
     for engs in grid.values():
         for eng in engs.values():
-            eng.generate(prompts[min(prompts)][:2], SamplingParams(temperature=0, max_tokens=4))      # warm
+            eng.generate(warm, SamplingParams(temperature=0, max_tokens=4))
     runs = {c: {name: [] for name in engs} for c, engs in grid.items()}
     loads = [os.getloadavg()[0]]
     for i in range(a.rounds):
         for c, engs in grid.items():
-            for name in (list(engs) if i % 2 == 0 else list(engs)[::-1]):    # drift in the machine hits all alike
-                runs[c][name].append(run(engs[name], prompts[c], params))
+            order = list(engs) if i % 2 == 0 else list(engs)[::-1]      # drift in the machine hits all alike
+            if a.interleave == "steps":
+                for name, r in run_together(engs, order, prompts[c][i], params).items():
+                    runs[c][name].append(r)
+                continue
+            for name in order:
+                runs[c][name].append(run(engs[name], prompts[c][i], params))
         loads.append(os.getloadavg()[0])
     med = {c: {name: statistics.median(r[0] for r in v) for name, v in rs.items()} for c, rs in runs.items()}
     chosen = {c: {name: [sum(x) for x in zip(*(r[2] for r in v))] for name, v in rs.items()
@@ -180,12 +221,14 @@ def main(argv: list[str] | None = None) -> dict:
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
            platform.machine(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "load": loads,
            "tokens": a.tokens, "rounds": a.rounds,
-           "prompts": {c: len(p) for c, p in prompts.items()},
+           "prompts": {c: len(p[0]) for c, p in prompts.items()},
+           "prompt_seeds": [PROMPT_SEED + i for i in range(a.rounds)],
            "calibration_s": {n: cal.seconds for n, cal in cals.items()},
            "calibration_problem": {n: cal.problem for n, cal in cals.items()},
            "costs": {n: dataclasses.asdict(c) for n, c in costs.items()}, "learned_costs": learned,
            "tokens_per_s": med, "auto_over_best": ratio, "auto_over_best_paired": paired, "control_paired": control,
-           "order": "engines in list order in even rounds, reversed in odd ones", "refit_over_best": refit,
+           "order": "engines in list order in even rounds, reversed in odd ones", "interleave": a.interleave,
+           "refit_over_best": refit,
            "uncorrected_over_best": uncorrected, "misses": misses, "kappa_counts": chosen,
            "crossing": crossings(med, alpha, costs, a.drafters)}
     if a.out:
