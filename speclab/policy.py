@@ -279,7 +279,8 @@ def choose(self: KappaPolicy, step: StepView) -> list[int]:
     request drafting min(K, its cap), or none (a plain step). A seeded request drafts its cap whatever the batch and
     the costs (`seeded_kappas`); the others are planned around it. With `correct`, each kind's rate is scaled by its
     measured `miss` at this batch size; plain where it was never measured at this size, or in a close call the kind
-    with too little evidence, is planned: a probe."""
+    with too little evidence, is planned: a probe (not beside a seeded request, whose drafts make any step a drafting
+    one)."""
     batch, caps = step.requests, step.caps
     num_context = min(step.num_context, len(batch))   # prompt positions are paid whatever the plan (see below)
     prior, optimism = self.prior(batch), self.optimism / math.sqrt(len(batch))
@@ -307,7 +308,7 @@ def choose(self: KappaPolicy, step: StepView) -> list[int]:
         plain_rate, best_rate = plain_rate / plain_miss, best_rate / draft_miss
         drafts = best_rate > plain_rate
         close = max(plain_rate, best_rate) < (1 + CLOSE_CALL) * min(plain_rate, best_rate)
-        if (close or not plain_seen) and min(plain_seen, draft_seen) < MISS_PROBES:
+        if (close or not plain_seen) and not fixed and min(plain_seen, draft_seen) < MISS_PROBES:
             drafts = draft_seen < plain_seen
     curious = self.explore and min(self.observed) < EXPLORE_UNTIL
     if curious and not self.exploring and self.rng.random() < self.explore:
