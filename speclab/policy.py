@@ -443,6 +443,7 @@ def calibration_fit_steps(target: Llama, drafter: Drafter | None, kappa_max: int
 
 def measure_step_costs(target: Llama, drafter: Drafter | None, kappa_max: int, **sizes: Any) -> StepCosts:
     """This machine's StepCosts: `calibration_fit_steps` (sized by `sizes`: batch_sizes, steps, prompt_len, seed,
-    fastest, budget_s) fitted by `fit_step_costs`. Build the serving engine after this: the drafter binds to that
-    engine's pool."""
-    return fit_step_costs(calibration_fit_steps(target, drafter, kappa_max, **sizes))
+    fastest, budget_s) fitted by `calibration_costs` (steps so noisy that no costs fit give their median seconds as a
+    step's only cost; `speclab.serve.calibrate` also says whether the costs are to be trusted). Build the serving
+    engine after this: the drafter binds to that engine's pool."""
+    return calibration_costs(calibration_fit_steps(target, drafter, kappa_max, **sizes), drafter)[0]
