@@ -30,6 +30,7 @@ import math
 import os
 import platform
 import statistics
+import sys
 import time
 
 import torch
@@ -188,15 +189,18 @@ def main(argv: list[str] | None = None) -> dict:
             eng.generate(warm, SamplingParams(temperature=0, max_tokens=4))
     runs = {c: {name: [] for name in engs} for c, engs in grid.items()}
     loads = [os.getloadavg()[0]]
+    start = time.perf_counter()
     for i in range(a.rounds):
         for c, engs in grid.items():
             order = list(engs) if i % 2 == 0 else list(engs)[::-1]      # drift in the machine hits all alike
             if a.interleave == "steps":
                 for name, r in run_together(engs, order, prompts[c][i], params).items():
                     runs[c][name].append(r)
-                continue
-            for name in order:
-                runs[c][name].append(run(engs[name], prompts[c][i], params))
+            else:
+                for name in order:
+                    runs[c][name].append(run(engs[name], prompts[c][i], params))
+            print(f"round {i + 1}/{a.rounds}, concurrency {c}: {len(engs)} engines done, "
+                  f"{time.perf_counter() - start:.0f} s so far", file=sys.stderr, flush=True)
         loads.append(os.getloadavg()[0])
     med = {c: {name: statistics.median(r[0] for r in v) for name, v in rs.items()} for c, rs in runs.items()}
     chosen = {c: {name: [sum(x) for x in zip(*(r[2] for r in v))] for name, v in rs.items()
