@@ -211,8 +211,7 @@ class KappaPolicy:
                    trust=UNTRUSTED_TRUST)
 
     def observe(self, step: StepTime) -> None:
-        """A decode step's measured time (the scheduler calls this); with `learn` the costs move toward it, with `correct`
-        its miss is noted (`note_miss`)."""
+        "A decode step's measured time (the scheduler calls this): `learn` refits the costs, `correct` notes its miss."
         self.observed[step.kappa > 0] += 1
         if self.correct and step.num_requests:
             self.note_miss(step)
