@@ -109,23 +109,32 @@ def engines(target, draft, cals: dict, concurrency: int, drafters: list[str], re
     return out
 
 
-def run(eng: SpecDecoder, prompts: list, params: SamplingParams) -> tuple[float, float, list]:
-    "(generated tokens per second, acceptance rate, kappa counts) of one generate call over the prompts."
-    before = dataclasses.replace(eng.metrics, kappa_counts=list(eng.metrics.kappa_counts))
-    t0 = time.perf_counter()
-    outs = eng.generate(prompts, params)
-    seconds = time.perf_counter() - t0
+def snapshot(eng: SpecDecoder):
+    "A copy of the engine's speculation counters, to subtract later (`since`)."
+    return dataclasses.replace(eng.metrics, kappa_counts=list(eng.metrics.kappa_counts))
+
+
+def since(eng: SpecDecoder, before, tokens: int, seconds: float) -> tuple[float, float, list]:
+    "(tokens per second, acceptance rate, kappa counts) of what the engine did since `before`."
     m = eng.metrics
     drafted, accepted = m.num_draft_tokens - before.num_draft_tokens, m.num_accepted_tokens - before.num_accepted_tokens
     counts = [a - (before.kappa_counts[i] if i < len(before.kappa_counts) else 0) for i, a in enumerate(m.kappa_counts)]
-    return sum(len(o.token_ids) for o in outs) / seconds, accepted / drafted if drafted else float("nan"), counts
+    return tokens / seconds, accepted / drafted if drafted else float("nan"), counts
+
+
+def run(eng: SpecDecoder, prompts: list, params: SamplingParams) -> tuple[float, float, list]:
+    "(generated tokens per second, acceptance rate, kappa counts) of one generate call over the prompts."
+    before = snapshot(eng)
+    t0 = time.perf_counter()
+    outs = eng.generate(prompts, params)
+    return since(eng, before, sum(len(o.token_ids) for o in outs), time.perf_counter() - t0)
 
 
 def run_together(engs: dict, names: list, prompts: list, params: SamplingParams) -> dict:
     """`run` for several engines at once: every engine gets the prompts, then they take one step each in turn until
     all are done, each engine's seconds its own steps' (a busy spell of the machine lasts far longer than a step, so
     it slows every engine alike). {name: (tokens per second, acceptance rate, kappa counts)}."""
-    before = {n: dataclasses.replace(engs[n].metrics, kappa_counts=list(engs[n].metrics.kappa_counts)) for n in names}
+    before = {n: snapshot(engs[n]) for n in names}
     for n in names:
         for prompt in prompts:
             engs[n].add_request(prompt, params)
@@ -138,13 +147,7 @@ def run_together(engs: dict, names: list, prompts: list, params: SamplingParams)
                     outs = engs[n].step()
                     seconds[n] += time.perf_counter() - t0
                     tokens[n] += sum(len(o.new_token_ids) for o in outs)
-    out = {}
-    for n in names:
-        m, b = engs[n].metrics, before[n]
-        drafted, accepted = m.num_draft_tokens - b.num_draft_tokens, m.num_accepted_tokens - b.num_accepted_tokens
-        counts = [a - (b.kappa_counts[i] if i < len(b.kappa_counts) else 0) for i, a in enumerate(m.kappa_counts)]
-        out[n] = (tokens[n] / seconds[n], accepted / drafted if drafted else float("nan"), counts)
-    return out
+    return {n: since(engs[n], before[n], tokens[n], seconds[n]) for n in names}
 
 
 def crossings(med: dict, alpha: dict, costs: dict, drafters: list[str]) -> dict:
