@@ -543,7 +543,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     draft, ngram, num_spec = drafting(args)
     kappa, kappa_max, confidence = kappa_plan(args, num_spec, ngram)
     cals = []
-    with user_input("demo"):
+    with user_input("demo"), torch_threads(threads):   # calibrate with the threads that decode
         eng, tok = load_decoder("tiny", draft, ngram, kappa=kappa, device=args.device, backend=args.backend,
                                 prefix_caching=False,  # repeats must pay their prefill, as plain decoding does
                                 kappa_max=kappa_max, min_confidence=confidence, on_calibration=cals.append)

@@ -235,6 +235,27 @@ def test_a_request_the_engine_rejects_goes_to_stderr_and_json(monkeypatch, capsy
     assert status == 1 and len(err.splitlines()) == 1 and "SpecDecoding" not in out and "tokens/s" not in out, out
 
 
+
+def test_demo_calibrates_with_the_threads_it_decodes_with(monkeypatch):
+    """`speclab demo` decodes with `--threads` (or the idle cores) torch threads: its `--kappa auto` calibration must
+    measure the steps at that count too. Calibrated at torch's default beside a busy process, a 2-core machine's steps
+    measured 2-3 times their cost at one thread, and the costs priced a decode the demo never ran."""
+    import torch
+    import speclab.cli as cli
+    seen = []
+    def loads(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        raise RuntimeError("stop after the load")
+    monkeypatch.setattr(cli, "load_decoder", loads)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(RuntimeError, match="stop after the load"):
+            cli.main(["demo", "--threads", "1", "--max-tokens", "12"])
+        assert seen == [1] and torch.get_num_threads() == 2, (seen, torch.get_num_threads())
+    finally:
+        torch.set_num_threads(before)
+
 # Every argument found refused only after the models loaded (or --kappa auto calibrated, or a sweep ran), now refused
 # before, in one line that names the flag; and a few that always were, to keep them so. {tmp}: `early_files`.
 G = ["generate", "--target", "tiny", "--draft", "tiny"]
