@@ -144,10 +144,6 @@ UNTRUSTED_EXPLORE = 0.1  # the share of steps that start a run, once a calibrati
 UNTRUSTED_TRUST = 0.01   # and what refused costs are worth in the fit: a hundredth of a step
 POOL_MEMORY = 256.0      # with `pool`: the drafts' worth of evidence the pair's pooled acceptance keeps
 POOL_FADE = 0.99         # and what that evidence counts for one planned step later
-MISS_FADE = 0.999        # with `correct`: what a measured miss counts one observed step later, at its batch size
-MISS_PROBES = 2.0        # the evidence (in steps) under which a close call probes the kind it has not measured
-MISS_PRIOR = 1.0         # the costs' own word (a miss of 1) counts as this many steps: a stale miss fades back to it
-CLOSE_CALL = 0.10        # a close call: plain's and the best drafting plan's rates within this of each other
 
 @dataclass
 class KappaPolicy:
@@ -195,6 +191,7 @@ class KappaPolicy:
         self.pooled = [0.0, 0.0]       # with `pool`: accepted drafts and rejections of every request planned
         self.seen = {}                 # each running request's counters when last planned: {req_id: (accepted, rej)}
         self.misses = {}               # with `correct`: {batch bucket: [[log miss, evidence] plain, ... drafting]}
+        self.after_plain = False       # the last decode step observed was plain (the next drafting one catches up)
 
     @classmethod
     def adaptive(cls, costs: StepCosts, alpha_prior: float = 0.5, trusted: bool = True) -> "KappaPolicy":
@@ -215,6 +212,7 @@ class KappaPolicy:
         self.observed[step.kappa > 0] += 1
         if self.correct and step.num_requests:
             self.note_miss(step)
+        self.after_plain = step.kappa == 0
         if self.fit is not None:
             self.costs = self.fit.observe(*step[:6])
 
@@ -242,6 +240,11 @@ def prior(self: KappaPolicy, batch: Sequence[RequestView]) -> float:
 
 
 # %% ../nbs/08g_policy.ipynb #miss0ex1
+MISS_FADE = 0.999        # with `correct`: what a measured miss counts one observed step later, at its batch size
+MISS_PROBES = 2.0        # the evidence (in steps) under which a close call probes the kind it has not measured
+MISS_PRIOR = 1.0         # the costs' own word (a miss of 1) counts as this many steps: a stale miss fades back to it
+CLOSE_CALL = 0.10        # a close call: plain's and the best drafting plan's rates within this of each other
+
 def batch_bucket(batch_size: int) -> int:
     "Where `correct` keeps a batch's misses: 1, 2-3, 4-7, 8-15, ... requests share one (the size's bit length)."
     return batch_size.bit_length()
@@ -258,10 +261,12 @@ def miss(self: KappaPolicy, batch_size: int, drafting: bool) -> tuple[float, flo
 def note_miss(self: KappaPolicy, step: StepTime) -> None:
     """Fold a decode step's measured seconds over what the costs predict into its batch size's miss. The prediction
     is the plan's, one catch-up position a drafting request, so what a request's first draft costs (it catches up its
-    prompt) lands in the drafting miss, and so does whatever the costs price wrong at this size. Both kinds' evidence
-    fades MISS_FADE a step: the kind the engine is not taking grows stale, and a close call probes it again."""
+    prompt) lands in the drafting miss, part of what drafting costs, and so does whatever the costs price wrong at
+    this size. The first drafting step after a plain one is left out: it catches up every token of the plain run, a
+    one-off that says nothing about the next step. Both kinds' evidence fades MISS_FADE a step: the kind the engine is
+    not taking grows stale, and a close call probes it again."""
     predicted = self.costs.step_s(step.num_positions, step.num_drafting, step.kappa, None, step.num_kv)
-    if not (step.seconds > 0 and predicted > 0):
+    if not (step.seconds > 0 and predicted > 0) or (step.kappa > 0 and self.after_plain):
         return
     kinds = self.misses.setdefault(batch_bucket(step.num_requests), [[0.0, 0.0], [0.0, 0.0]])
     for kind in kinds:
