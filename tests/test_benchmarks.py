@@ -379,3 +379,31 @@ def test_step_miss_times_only_steady_steps_of_the_whole_batch() -> None:
     assert c["steps"] == len(steps) and c["predicted_s"] == pytest.approx(1e-3 + 9e-4)
     assert 0 <= c["alpha"] <= 1 and c["E"] == pytest.approx(1 + 2 * c["alpha"])
     assert c["measured_over_predicted"] == pytest.approx(c["measured_s"] / c["predicted_s"])
+
+
+def test_forward_ops_copy_of_the_forward_matches_the_library() -> None:
+    """forward_ops.py: the instrumented copy of `paged_logits` decodes exactly what the library decodes (a change to
+    the library's forward that the copy misses fails here), clocks every part it names, and counts decode steps only
+    (the prefill's rows exceed the concurrency)."""
+    fo = script("forward_ops")
+    from speclab.engine import SpecDecoder
+    from speclab.model import load_model
+    from speclab.sweep import sweep_prompts
+    from speclab.train import tiny_pair_path
+    eng = SpecDecoder(load_model(tiny_pair_path("target")), None, kappa=0, max_num_seqs=2, enable_prefix_caching=False)
+    prompts = [list(map(int, p)) for p in sweep_prompts(2, 16)]
+    plain = fo.run_speclab(eng, prompts, 6, 2, parts=False)
+    timed = fo.run_speclab(eng, prompts, 6, 2, parts=True)
+    assert timed["digest"] == plain["digest"]
+    assert plain["decode_steps"] == 0 and timed["decode_steps"] == 5, timed["decode_steps"]   # 6 tokens: 1 prefill
+    clocked = {n for names, _ in fo.PARTS.values() for n in names}
+    assert clocked == set(timed["parts"]), (clocked, set(timed["parts"]))
+    row = fo.split_rows(fo.per_step_ms(timed, 0))
+    assert row["forward"] > sum(v for k, v in row.items() if k not in ("forward", "rest", "decode_steps")) > 0
+    leaves = fo.LeafParts(concurrency=2)
+    leaves.add("x", 1.0)
+    leaves.see_rows(32)                                                   # a prefill: dropped
+    assert not leaves.end_step() and leaves.parts == {}
+    leaves.add("x", 0.5)
+    leaves.see_rows(2)
+    assert leaves.end_step() and leaves.parts == {"x": 0.5} and leaves.decode_steps == 1

@@ -247,9 +247,9 @@ class VllmWorker:
             if line.startswith("BATCHPATH "):
                 return json.loads(line[len("BATCHPATH "):])
 
-    def run(self, prompts: list, max_tokens: int, concurrency: int) -> dict:
-        "One timed generate in the worker."
-        command = {"prompts": prompts, "max_tokens": max_tokens, "concurrency": concurrency}
+    def run(self, prompts: list, max_tokens: int, concurrency: int, parts: bool = False) -> dict:
+        "One timed generate in the worker (with `parts`: also its leaf modules' seconds in decode steps)."
+        command = {"prompts": prompts, "max_tokens": max_tokens, "concurrency": concurrency, "parts": parts}
         self.proc.stdin.write(json.dumps(command) + "\n")
         self.proc.stdin.flush()
         return self.answer()

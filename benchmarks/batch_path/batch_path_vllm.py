@@ -17,6 +17,12 @@ JSON object (vLLM logs to stdout too):
 max_num_seqs set to `concurrency` (the scheduler's running limit is changed in place: the same engine serves every
 concurrency), and answers the wall time, the steps (engine-core steps that ran the model), the generated tokens, the
 seconds in each wrapped function and a digest of the outputs; `{"quit": true}` ends.
+
+With `"parts": true` (what `forward_ops.py` sends) the answer also holds `parts`: the seconds of every leaf module
+class (a module with no children: vLLM's fused linears, RMSNorm, rotary embedding, attention, SiLU-and-mul, logits
+processor, embedding) summed over the decode steps only (a step whose linears saw at most `concurrency` rows), with
+`decode_steps` and `decode_forward_s` (those steps' forward: layers and LM head); timed by global module hooks
+installed for that run only (`LeafParts`).
 """
 import hashlib
 import json
@@ -27,6 +33,7 @@ import time
 MARK = "BATCHPATH "   # answers start with it: vLLM logs to stdout too
 TIMES: dict = {}
 CALLS: dict = {}
+STEP_END: list = []   # the LeafParts of a run that asked for parts: closed after every engine step
 
 
 def timed(owner, name: str, key: str) -> None:
@@ -57,6 +64,36 @@ def wrap_vllm() -> None:
     timed(Scheduler, "schedule", "schedule")
     timed(Scheduler, "update_from_output", "update")
     timed(EngineCore, "step", "step")
+    step_with_parts(EngineCore)
+    forward_with_parts(GPUModelRunner, "_model_forward")
+    forward_with_parts(LlamaForCausalLM, "compute_logits")
+
+
+def step_with_parts(owner) -> None:
+    "owner.step, closing the step of the `LeafParts` of a run that asked for parts (STEP_END) after each call."
+    original = owner.step
+
+    def wrapper(*args, **kwargs):
+        try:
+            return original(*args, **kwargs)
+        finally:
+            for leaves in STEP_END:
+                leaves.end_step()
+    owner.step = wrapper
+
+
+def forward_with_parts(owner, name: str) -> None:
+    "owner.name, its seconds counted as the step's `forward` by the `LeafParts` of a run that asked for parts."
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            for leaves in STEP_END:
+                leaves.add("forward", time.perf_counter() - t0)
+    setattr(owner, name, wrapper)
 
 
 def build(model: str, max_num_seqs: int):
@@ -71,7 +108,64 @@ def scheduler_of(llm):
     return llm.llm_engine.engine_core.engine_core.scheduler
 
 
-def run(llm, prompts: list, max_tokens: int, concurrency: int) -> dict:
+class LeafParts:
+    """Seconds of each leaf module class (no child modules) in decode steps: global forward hooks time every leaf
+    call, `end_step` after each engine step keeps the step's times if its largest linear input had at most
+    `concurrency` rows (a decode step) and drops them otherwise (a prefill). Standard library and torch only: the
+    project's side (`forward_ops.py`) uses the same accounting."""
+    def __init__(self, concurrency: int):
+        self.concurrency = concurrency
+        self.parts: dict = {}
+        self.step: dict = {}
+        self.rows = 0
+        self.started: dict = {}
+        self.decode_steps = 0
+        self.handles: list = []
+
+    def add(self, name: str, seconds: float) -> None:
+        "Count `seconds` of part `name` in the current step."
+        self.step[name] = self.step.get(name, 0.0) + seconds
+
+    def see_rows(self, rows: int) -> None:
+        "A linear of this step saw `rows` rows."
+        self.rows = max(self.rows, rows)
+
+    def end_step(self) -> bool:
+        "Close a step: keep its times if it was a decode step (True), drop them otherwise."
+        decode = 0 < self.rows <= self.concurrency
+        if decode:
+            for name, seconds in self.step.items():
+                self.parts[name] = self.parts.get(name, 0.0) + seconds
+            self.decode_steps += 1
+        self.step, self.rows = {}, 0
+        return decode
+
+    def install(self) -> None:
+        "Global hooks on every leaf module's forward (removed by `remove`)."
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        def pre(module, args):
+            if not module._modules:
+                self.started[id(module)] = time.perf_counter()
+
+        def post(module, args, output):
+            t0 = self.started.pop(id(module), None)
+            if t0 is None:
+                return
+            name = type(module).__name__
+            self.add(name, time.perf_counter() - t0)
+            if name.endswith("Linear") and args and hasattr(args[0], "shape"):
+                self.see_rows(args[0].numel() // max(1, args[0].shape[-1]))
+        self.handles = [register_module_forward_pre_hook(pre), register_module_forward_hook(post)]
+
+    def remove(self) -> None:
+        "Remove the hooks."
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+def run(llm, prompts: list, max_tokens: int, concurrency: int, parts: bool = False) -> dict:
     "Generate `prompts` at `concurrency`; the wall time, the steps and every wrapped function's seconds."
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -82,13 +176,26 @@ def run(llm, prompts: list, max_tokens: int, concurrency: int) -> dict:
     inputs = [TokensPrompt(prompt_token_ids=ids) for ids in prompts]
     TIMES.clear()
     CALLS.clear()
+    leaves = LeafParts(concurrency) if parts else None
+    if leaves is not None:
+        leaves.install()
+        STEP_END.append(leaves)
     t0 = time.perf_counter()
-    outs = llm.generate(inputs, params, use_tqdm=False)
+    try:
+        outs = llm.generate(inputs, params, use_tqdm=False)
+    finally:
+        if leaves is not None:
+            leaves.remove()
+            STEP_END.clear()
     wall = time.perf_counter() - t0
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     digest = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
-    return {"wall_s": wall, "steps": CALLS.get("execute_model", 0), "tokens": sum(len(t) for t in tokens),
-            "seconds": dict(TIMES), "calls": dict(CALLS), "digest": digest, "outputs": tokens}
+    answer = {"wall_s": wall, "steps": CALLS.get("execute_model", 0), "tokens": sum(len(t) for t in tokens),
+              "seconds": dict(TIMES), "calls": dict(CALLS), "digest": digest, "outputs": tokens}
+    if leaves is not None:
+        answer |= {"parts": leaves.parts, "decode_steps": leaves.decode_steps,
+                   "decode_forward_s": leaves.parts.pop("forward", 0.0)}
+    return answer
 
 
 def main() -> int:
@@ -104,7 +211,8 @@ def main() -> int:
         command = json.loads(line)
         if command.get("quit"):
             break
-        answer = run(llm, command["prompts"], command["max_tokens"], command["concurrency"])
+        answer = run(llm, command["prompts"], command["max_tokens"], command["concurrency"],
+                     command.get("parts", False))
         print(MARK + json.dumps(answer), flush=True)
     return 0
 
