@@ -5,9 +5,10 @@
 # %% auto #0
 __all__ = ['EXPLORE_RUN', 'EXPLORE_UNTIL', 'UNTRUSTED_EXPLORE', 'UNTRUSTED_TRUST', 'POOL_MEMORY', 'POOL_FADE', 'MISS_FADE',
            'MISS_PROBES', 'MISS_PRIOR', 'CLOSE_CALL', 'MAX_FIT_ERROR', 'CALIBRATION_STEPS', 'CALIBRATION_BUDGET_S',
-           'StepCosts', 'live_alpha', 'CostFit', 'seeded_kappas', 'KappaPolicy', 'batch_bucket', 'calibration_prompts',
-           'fit_step_costs', 'fit_error', 'calibration_problem', 'calibration_costs', 'calibration_steps',
-           'fastest_steps', 'time_calibration_steps', 'calibration_fit_steps', 'measure_step_costs']
+           'CALIBRATION_STOP', 'StepCosts', 'live_alpha', 'CostFit', 'seeded_kappas', 'KappaPolicy', 'batch_bucket',
+           'calibration_prompts', 'fit_step_costs', 'fit_error', 'calibration_problem', 'calibration_costs',
+           'calibration_steps', 'fastest_steps', 'check_fastest', 'calibration_cut', 'time_calibration_steps',
+           'calibration_fit_steps', 'measure_step_costs']
 
 # %% ../nbs/08g_policy.ipynb #7fff309f
 import math
@@ -375,6 +376,7 @@ def calibration_costs(steps: Sequence[StepTime], drafter: Drafter | None) -> tup
 
 CALIBRATION_STEPS = 12     # timed decode steps per (batch size, kappa) cell, where the context and the budget allow
 CALIBRATION_BUDGET_S = 4.0 # seconds a calibration aims to take, prefills included, however busy the machine
+CALIBRATION_STOP = 2.0     # once this many budgets are spent, the cells not yet begun are skipped
 
 def calibration_steps(context: int | float, kappa_max: int) -> int:
     """The steps `measure_step_costs` times per cell by default: CALIBRATION_STEPS, fewer on a short context (a
@@ -386,6 +388,21 @@ def fastest_steps(cells: Sequence[Sequence[StepTime]], fastest: int | None = Non
     time, and the one fastest step of a cell is its luckiest."""
     return [s for timed in cells for s in sorted(timed, key=lambda s: s.seconds)[:fastest or max(1, len(timed) // 2)]]
 
+def check_fastest(fastest: int | None, steps: int | None) -> None:
+    "A `fastest` the calibration can keep: an int >= 1, at most the steps per cell (None: the fastest half)."
+    if fastest is not None and steps is not None and fastest > steps:
+        raise ValueError(f"fastest must be at most steps ({steps}), got {fastest}")
+    check_engine_args(**({} if fastest is None else {"fastest": fastest}))
+
+def calibration_cut(cells: Sequence[Sequence[StepTime]]) -> str | None:
+    """Why a calibration that `time_calibration_steps` cut short must not steer, in words (None: every cell was
+    measured): costs fitted to some cells only price the others by extrapolation."""
+    measured = sum(len(timed) > 0 for timed in cells)
+    if measured == len(cells):
+        return None
+    return (f"only {measured} of {len(cells)} cells were measured before {CALIBRATION_STOP:g} times the budget ran "
+            "out (a busy machine, or a slow model: a larger budget_s measures them all)")
+
 # %% ../nbs/08g_policy.ipynb #59c0ecf8
 def time_calibration_steps(target: Llama, drafter: Drafter | None, kappa_max: int,
                            batch_sizes: Sequence[int] = (1, 4, 16), steps: int | None = None, prompt_len: int = 16,
@@ -395,7 +412,8 @@ def time_calibration_steps(target: Llama, drafter: Drafter | None, kappa_max: in
     after the cell's prefill, its prompts `prompt_len` tokens long in every other cell and 8 times that in the rest
     (where the context has room), so that the fit can tell attention's cost per context token from a position's.
     With `budget_s`, a cell stops once it has used its share of the time left (but never before 2 steps): a busy
-    machine shortens the calibration instead of lengthening the start-up."""
+    machine shortens the calibration instead of lengthening the start-up; and once CALIBRATION_STOP budgets are spent,
+    the cells not yet begun are skipped (left empty: `calibration_cut` says so)."""
     context = target.args.max_position_embeddings or math.inf
     steps = calibration_steps(context, kappa_max) if steps is None else steps
     check_engine_args(steps=steps, prompt_len=prompt_len, **{f"batch_size {b!r}": b for b in batch_sizes})
@@ -420,6 +438,9 @@ def time_calibration_steps(target: Llama, drafter: Drafter | None, kappa_max: in
     end = None if budget_s is None else time.perf_counter() + budget_s
     cells = []
     for i, (b, k) in enumerate(plan):
+        if i and end is not None and time.perf_counter() > end + (CALIBRATION_STOP - 1) * budget_s:
+            cells.append([])
+            continue
         stop = math.inf if end is None else time.perf_counter() + (end - time.perf_counter()) / (len(plan) - i)
         params = SamplingParams(temperature=0, max_tokens=(steps + 2) * (k + 1), ignore_eos=True, kappa=k)
         for prompt in calibration_prompts(target.args.vocab_size, b, lengths[i % 2], seed + i):
@@ -439,9 +460,7 @@ def calibration_fit_steps(target: Llama, drafter: Drafter | None, kappa_max: int
                           seed: int = 0, fastest: int | None = None,
                           budget_s: float | None = CALIBRATION_BUDGET_S) -> list[StepTime]:
     "`time_calibration_steps`, then the `fastest` of each cell (default: the fastest half): what the fit sees."
-    if fastest is not None and steps is not None and fastest > steps:
-        raise ValueError(f"fastest must be at most steps ({steps}), got {fastest}")
-    check_engine_args(**({} if fastest is None else {"fastest": fastest}))
+    check_fastest(fastest, steps)
     cells = time_calibration_steps(target, drafter, kappa_max, batch_sizes, steps, prompt_len, seed, budget_s)
     return fastest_steps(cells, fastest)
 

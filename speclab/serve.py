@@ -59,7 +59,8 @@ from .drafters import Drafter, ModelDrafter, NgramDrafter, check_confidence
 from .runner import prompt_logprobs
 from .engine import SpecDecoder
 from .roofline import SpecMetrics
-from .policy import KappaPolicy, StepCosts, calibration_costs, calibration_fit_steps
+from .policy import (KappaPolicy, StepCosts, calibration_costs, calibration_cut, check_fastest, fastest_steps,
+                            time_calibration_steps)
 from .model import Llama, load_model, load_tokenizer
 
 _log = logging.getLogger("speclab.serve")
@@ -112,13 +113,15 @@ class Calibration:
                 f"0..{self.kappa_max}")
 
 def calibrate(target: Llama, drafter: Any, kappa_max: int, alpha: float = 0.5, **sizes: Any) -> Calibration:
-    """This machine's step costs for `target` and `drafter` (`calibration_fit_steps`, sized by `sizes`: batch_sizes,
-    steps, prompt_len, fastest, budget_s), with `calibration_costs`'s verdict on them: call it before building the
-    engine."""
+    """This machine's step costs for `target` and `drafter` (`time_calibration_steps`, sized by `sizes`: batch_sizes,
+    steps, prompt_len, budget_s; the `fastest` of each cell fitted), with the verdict on them: `calibration_cut`'s (a
+    calibration cut short) or `calibration_costs`'. Call it before building the engine."""
     t0 = time.perf_counter()
-    steps = calibration_fit_steps(target, drafter, kappa_max, **sizes)
-    costs, problem = calibration_costs(steps, drafter)
-    return Calibration(costs, time.perf_counter() - t0, kappa_max, alpha, problem)
+    fastest = sizes.pop("fastest", None)
+    check_fastest(fastest, sizes.get("steps"))
+    cells = time_calibration_steps(target, drafter, kappa_max, **sizes)
+    costs, problem = calibration_costs(fastest_steps(cells, fastest), drafter)
+    return Calibration(costs, time.perf_counter() - t0, kappa_max, alpha, calibration_cut(cells) or problem)
 
 def auto_policy(target: Llama, drafter: Any, kappa_max: int,
                 on_calibration: Callable[[Calibration], Any] | None = None,
