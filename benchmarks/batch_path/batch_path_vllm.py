@@ -18,11 +18,11 @@ max_num_seqs set to `concurrency` (the scheduler's running limit is changed in p
 concurrency), and answers the wall time, the steps (engine-core steps that ran the model), the generated tokens, the
 seconds in each wrapped function and a digest of the outputs; `{"quit": true}` ends.
 
-With `"parts": true` (what `forward_ops.py` sends) the answer also holds `parts`: the seconds of every leaf module
-class (a module with no children: vLLM's fused linears, RMSNorm, rotary embedding, attention, SiLU-and-mul, logits
-processor, embedding) summed over the decode steps only (a step whose linears saw at most `concurrency` rows), with
-`decode_steps` and `decode_forward_s` (those steps' forward: layers and LM head); timed by global module hooks
-installed for that run only (`LeafParts`).
+With `"parts": true` (what `forward_ops.py` sends) the answer also holds `parts`: the seconds of each of vLLM's leaf
+layers of the forward (`PART_CLASSES`: the fused linears, RMSNorm, the rotary embedding, attention, SiLU-and-mul, the
+logits processor, the embedding; each class's `forward` wrapped by a timer, a list check a call outside such a run)
+summed over the decode steps only (a step whose linears saw at most `concurrency` rows), with `decode_steps` and
+`decode_forward_s` (those steps' forward: layers and LM head).
 """
 import hashlib
 import json
@@ -65,6 +65,7 @@ def wrap_vllm() -> None:
     timed(Scheduler, "update_from_output", "update")
     timed(EngineCore, "step", "step")
     step_with_parts(EngineCore)
+    wrap_parts()
     forward_with_parts(GPUModelRunner, "_model_forward")
     forward_with_parts(LlamaForCausalLM, "compute_logits")
 
@@ -109,18 +110,16 @@ def scheduler_of(llm):
 
 
 class LeafParts:
-    """Seconds of each leaf module class (no child modules) in decode steps: global forward hooks time every leaf
-    call, `end_step` after each engine step keeps the step's times if its largest linear input had at most
-    `concurrency` rows (a decode step) and drops them otherwise (a prefill). Standard library and torch only: the
-    project's side (`forward_ops.py`) uses the same accounting."""
+    """Seconds of each part of a forward in decode steps: the timed parts `add` to the current step, `end_step` after
+    each engine step keeps the step's times if its largest linear input had at most `concurrency` rows (a decode
+    step) and drops them otherwise (a prefill). Standard library only: the project's side (`forward_ops.py`) uses the
+    same accounting."""
     def __init__(self, concurrency: int):
         self.concurrency = concurrency
         self.parts: dict = {}
         self.step: dict = {}
         self.rows = 0
-        self.started: dict = {}
         self.decode_steps = 0
-        self.handles: list = []
 
     def add(self, name: str, seconds: float) -> None:
         "Count `seconds` of part `name` in the current step."
@@ -140,29 +139,42 @@ class LeafParts:
         self.step, self.rows = {}, 0
         return decode
 
-    def install(self) -> None:
-        "Global hooks on every leaf module's forward (removed by `remove`)."
-        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-        def pre(module, args):
-            if not module._modules:
-                self.started[id(module)] = time.perf_counter()
+# vLLM's leaf layers of a Llama forward, each class's `forward` timed (the rotary class also times its subclasses')
+PART_CLASSES = (("vllm.model_executor.layers.linear", "QKVParallelLinear"),
+                ("vllm.model_executor.layers.linear", "RowParallelLinear"),
+                ("vllm.model_executor.layers.linear", "MergedColumnParallelLinear"),
+                ("vllm.model_executor.layers.layernorm", "RMSNorm"),
+                ("vllm.model_executor.layers.rotary_embedding.base", "RotaryEmbedding"),
+                ("vllm.model_executor.layers.attention.attention", "Attention"),
+                ("vllm.model_executor.layers.activation", "SiluAndMul"),
+                ("vllm.model_executor.layers.logits_processor", "LogitsProcessor"),
+                ("vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding"))
 
-        def post(module, args, output):
-            t0 = self.started.pop(id(module), None)
-            if t0 is None:
-                return
-            name = type(module).__name__
-            self.add(name, time.perf_counter() - t0)
+
+def part_timed(cls, name: str) -> None:
+    """cls.forward, its seconds added to part `name` of the current step of the run that asked for parts (STEP_END),
+    and a linear's input rows noted; outside such a run one list check a call."""
+    original = cls.forward
+
+    def forward(self, *args, **kwargs):
+        if not STEP_END:
+            return original(self, *args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            STEP_END[0].add(name, time.perf_counter() - t0)
             if name.endswith("Linear") and args and hasattr(args[0], "shape"):
-                self.see_rows(args[0].numel() // max(1, args[0].shape[-1]))
-        self.handles = [register_module_forward_pre_hook(pre), register_module_forward_hook(post)]
+                STEP_END[0].see_rows(args[0].numel() // max(1, args[0].shape[-1]))
+    cls.forward = forward
 
-    def remove(self) -> None:
-        "Remove the hooks."
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
+
+def wrap_parts() -> None:
+    "Time each of PART_CLASSES' forward (before the engine exists)."
+    import importlib
+    for module, name in PART_CLASSES:
+        part_timed(getattr(importlib.import_module(module), name), name)
 
 
 def run(llm, prompts: list, max_tokens: int, concurrency: int, parts: bool = False) -> dict:
@@ -178,15 +190,12 @@ def run(llm, prompts: list, max_tokens: int, concurrency: int, parts: bool = Fal
     CALLS.clear()
     leaves = LeafParts(concurrency) if parts else None
     if leaves is not None:
-        leaves.install()
         STEP_END.append(leaves)
     t0 = time.perf_counter()
     try:
         outs = llm.generate(inputs, params, use_tqdm=False)
     finally:
-        if leaves is not None:
-            leaves.remove()
-            STEP_END.clear()
+        STEP_END.clear()
     wall = time.perf_counter() - t0
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     digest = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
