@@ -36,8 +36,9 @@ CALLS: dict = {}
 STEP_END: list = []   # the LeafParts of a run that asked for parts: closed after every engine step
 
 
-def timed(owner, name: str, key: str) -> None:
-    "Replace owner.name by a wrapper that adds each call's seconds to TIMES[key] and counts it in CALLS[key]."
+def timed(owner, name: str, key: str, part: str | None = None) -> None:
+    """Replace owner.name by a wrapper that adds each call's seconds to TIMES[key] and counts it in CALLS[key] (with
+    `part`, also to that part of the current step of a run that asked for parts: STEP_END)."""
     original = getattr(owner, name)
 
     def wrapper(*args, **kwargs):
@@ -45,8 +46,11 @@ def timed(owner, name: str, key: str) -> None:
         try:
             return original(*args, **kwargs)
         finally:
-            TIMES[key] = TIMES.get(key, 0.0) + time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            TIMES[key] = TIMES.get(key, 0.0) + seconds
             CALLS[key] = CALLS.get(key, 0) + 1
+            for leaves in STEP_END if part else ():
+                leaves.add(part, seconds)
     setattr(owner, name, wrapper)
 
 
@@ -56,8 +60,8 @@ def wrap_vllm() -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    timed(GPUModelRunner, "_model_forward", "forward_layers")
-    timed(LlamaForCausalLM, "compute_logits", "forward_logits")
+    timed(GPUModelRunner, "_model_forward", "forward_layers", part="forward")
+    timed(LlamaForCausalLM, "compute_logits", "forward_logits", part="forward")
     timed(GPUModelRunner, "_sample", "sampler")
     timed(GPUModelRunner, "execute_model", "execute_model")
     timed(GPUModelRunner, "sample_tokens", "sample_tokens")
@@ -66,8 +70,6 @@ def wrap_vllm() -> None:
     timed(EngineCore, "step", "step")
     step_with_parts(EngineCore)
     wrap_parts()
-    forward_with_parts(GPUModelRunner, "_model_forward")
-    forward_with_parts(LlamaForCausalLM, "compute_logits")
 
 
 def step_with_parts(owner) -> None:
@@ -81,20 +83,6 @@ def step_with_parts(owner) -> None:
             for leaves in STEP_END:
                 leaves.end_step()
     owner.step = wrapper
-
-
-def forward_with_parts(owner, name: str) -> None:
-    "owner.name, its seconds counted as the step's `forward` by the `LeafParts` of a run that asked for parts."
-    original = getattr(owner, name)
-
-    def wrapper(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return original(*args, **kwargs)
-        finally:
-            for leaves in STEP_END:
-                leaves.add("forward", time.perf_counter() - t0)
-    setattr(owner, name, wrapper)
 
 
 def build(model: str, max_num_seqs: int):
