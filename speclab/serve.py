@@ -59,8 +59,8 @@ from .drafters import Drafter, ModelDrafter, NgramDrafter, check_confidence
 from .runner import prompt_logprobs
 from .engine import SpecDecoder
 from .roofline import SpecMetrics
-from .policy import (KappaPolicy, StepCosts, calibration_costs, calibration_cut, check_fastest, fastest_steps,
-                            time_calibration_steps)
+from .policy import KappaPolicy, StepCosts, calibration_costs, calibration_cut, check_fastest
+from .policy import fastest_steps, time_calibration_steps
 from .model import Llama, load_model, load_tokenizer
 
 _log = logging.getLogger("speclab.serve")
