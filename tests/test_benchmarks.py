@@ -407,3 +407,14 @@ def test_forward_ops_copy_of_the_forward_matches_the_library() -> None:
     leaves.add("x", 0.5)
     leaves.see_rows(2)
     assert leaves.end_step() and leaves.parts == {"x": 0.5} and leaves.decode_steps == 1
+
+
+def test_ngram_lookup_rules_differ_only_where_a_run_reaches_the_end() -> None:
+    lookup = script("ngram_lookup")
+    run = [4, 8] * 10                                          # a period-2 run up to the end of every context
+    copied = lookup.tokens_per_step(lookup.RULES["copy"], run, 4, 3)
+    cut = lookup.tokens_per_step(lookup.RULES["stop"], run, 4, 3)
+    assert copied == (16, 4) and cut[1] == 6, (copied, cut)    # 3 drafts accepted a step; cut: 1 or 2 drafted
+    assert lookup.earliest([1, 2, 9, 1, 2, 7, 1, 2], 2) == [9, 1] and lookup.stop([1, 2, 9, 1, 2, 7, 1, 2], 2) == [7, 1]
+    prose = [5, 1, 3, 6, 2, 0, 4]                              # nothing repeats: no rule drafts, one token a step
+    assert all(lookup.measure([(2, prose)], 3)[r] == 1.0 for r in lookup.RULES)
