@@ -75,6 +75,8 @@ def ngram_propose(tokens: list[int], kappa: int, n: int = 3, min_n: int = 1) -> 
 
 def copy_on(tokens: list[int], start: int, kappa: int) -> list[int]:
     "kappa tokens read from tokens[start:] on past the end as an LZ77 copy: a run up to the end repeats its period."
+    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < len(tokens):
+        raise ValueError(f"start must index a token of tokens (0 <= start < {len(tokens)}), got {start!r}")
     period = len(tokens) - start
     return [tokens[start + j % period] for j in range(kappa)]
 
