@@ -4,11 +4,11 @@
 
 # %% auto #0
 __all__ = ['EXPLORE_RUN', 'EXPLORE_UNTIL', 'UNTRUSTED_EXPLORE', 'UNTRUSTED_TRUST', 'POOL_MEMORY', 'POOL_FADE', 'MISS_FADE',
-           'MISS_PROBES', 'MISS_PRIOR', 'CLOSE_CALL', 'MAX_FIT_ERROR', 'CALIBRATION_STEPS', 'CALIBRATION_BUDGET_S',
-           'CALIBRATION_STOP', 'StepCosts', 'live_alpha', 'CostFit', 'seeded_kappas', 'KappaPolicy', 'batch_bucket',
-           'calibration_prompts', 'fit_step_costs', 'fit_error', 'calibration_problem', 'calibration_costs',
-           'calibration_steps', 'fastest_steps', 'check_fastest', 'calibration_cut', 'time_calibration_steps',
-           'calibration_fit_steps', 'measure_step_costs']
+           'MISS_PROBES', 'MISS_PRIOR', 'CLOSE_CALL', 'DRAFT_MARGIN', 'MAX_FIT_ERROR', 'CALIBRATION_STEPS',
+           'CALIBRATION_BUDGET_S', 'CALIBRATION_STOP', 'StepCosts', 'live_alpha', 'CostFit', 'seeded_kappas',
+           'KappaPolicy', 'batch_bucket', 'calibration_prompts', 'fit_step_costs', 'fit_error', 'calibration_problem',
+           'calibration_costs', 'calibration_steps', 'fastest_steps', 'check_fastest', 'calibration_cut',
+           'time_calibration_steps', 'calibration_fit_steps', 'measure_step_costs']
 
 # %% ../nbs/08g_policy.ipynb #7fff309f
 import math
@@ -156,8 +156,8 @@ class KappaPolicy:
     the policy's own generator, until it has observed EXPLORE_UNTIL steps of each kind: the fit then knows both, and
     a wrong calibration is corrected either way. With `pool`, a request's prior is the pair's acceptance learned from
     every request the policy has planned (`prior`), not `alpha_prior` alone. With `correct`, each plan's predicted
-    time is scaled by how far the costs have missed that kind of step (plain, drafting) at that batch size (`miss`),
-    and a close call probes the kind it has too little evidence of."""
+    time is scaled by how far the costs have missed steps of its depth (plain, or drafting K) at that batch size
+    (`miss`), drafting must gain DRAFT_MARGIN over plain, and a close call probes what it has too little evidence of."""
     costs: StepCosts
     alpha_prior: float = 0.5           # the pair's acceptance rate (Chapter 9's fit), before a request has its own
     prior_strength: float = 8.0        # how many drafts the prior is worth
@@ -168,7 +168,7 @@ class KappaPolicy:
                                        # (at one request; at B, optimism / sqrt(B): the step is everyone's)
     pool: bool = False                 # learn the pair's acceptance across requests: a new request's prior
     trust: float = 1.0                 # with `learn`: how many typical steps the given costs are worth (`CostFit`)
-    correct: bool = False              # plan on the measured miss of each kind of step at each batch size
+    correct: bool = False              # plan on the measured miss of each depth of step at each batch size
 
     def __post_init__(self) -> None:
         if not isinstance(self.costs, StepCosts):
@@ -191,7 +191,7 @@ class KappaPolicy:
         self.observed = [0, 0]         # decode steps observed: plain, drafting
         self.pooled = [0.0, 0.0]       # with `pool`: accepted drafts and rejections of every request planned
         self.seen = {}                 # each running request's counters when last planned: {req_id: (accepted, rej)}
-        self.misses = {}               # with `correct`: {batch bucket: [[log miss, evidence] plain, ... drafting]}
+        self.misses = {}               # with `correct`: {batch bucket: {depth: [log miss, evidence]}}
         self.after_plain = False       # the last decode step observed was plain (the next drafting one catches up)
 
     @classmethod
@@ -199,7 +199,7 @@ class KappaPolicy:
         """What `--kappa auto` runs: each request's live alpha from the pair's pooled acceptance, one posterior
         standard deviation optimistic at one request (a batch of B: 1 / sqrt(B)), and the calibrated costs as they
         are when the calibration was trusted (refitting them made fewer tokens/s in 12 of 15 cells measured side by
-        side: see the chapter), each kind of step's rate corrected by its measured `miss`. Costs that were refused
+        side: see the chapter), each depth's rate corrected by its measured `miss`. Costs that were refused
         (`calibration_problem`) are only where the fit starts: the policy refits them from every decode step
         (`CostFit`, the draft's catch-up and the context a term each) and explores, so that the fit sees both kinds
         of step whichever the bad costs favoured."""
@@ -242,39 +242,40 @@ def prior(self: KappaPolicy, batch: Sequence[RequestView]) -> float:
 
 # %% ../nbs/08g_policy.ipynb #miss0ex1
 MISS_FADE = 0.999        # with `correct`: what a measured miss counts one observed step later, at its batch size
-MISS_PROBES = 2.0        # the evidence (in steps) under which a close call probes the kind it has not measured
+MISS_PROBES = 2.0        # the evidence (in steps) under which a close call probes the depth it has not measured
 MISS_PRIOR = 1.0         # the costs' own word (a miss of 1) counts as this many steps: a stale miss fades back to it
-CLOSE_CALL = 0.10        # a close call: plain's and the best drafting plan's rates within this of each other
+CLOSE_CALL = 0.10        # a close call: two plans' rates within this of each other
+DRAFT_MARGIN = 0.03      # with `correct`: what drafting must gain over plain, corrected, to be planned
 
 def batch_bucket(batch_size: int) -> int:
     "Where `correct` keeps a batch's misses: 1, 2-3, 4-7, 8-15, ... requests share one (the size's bit length)."
     return batch_size.bit_length()
 
 @patch
-def miss(self: KappaPolicy, batch_size: int, drafting: bool) -> tuple[float, float]:
-    """How far the costs have missed this kind of step (plain or drafting) at this batch size: measured seconds over
-    predicted, a geometric mean in which recent steps weigh more and the costs' own word (a miss of 1) counts
-    MISS_PRIOR steps, and the evidence behind it, in steps. As the evidence fades, the miss returns to 1."""
-    log_miss, evidence = self.misses.get(batch_bucket(batch_size), ((0.0, 0.0), (0.0, 0.0)))[drafting]
+def miss(self: KappaPolicy, batch_size: int, kappa: int) -> tuple[float, float]:
+    """How far the costs have missed a step of this depth (`kappa` drafts at most; 0: plain) at this batch size:
+    measured seconds over predicted, a geometric mean in which recent steps weigh more and the costs' own word (a miss
+    of 1) counts MISS_PRIOR steps, and the evidence behind it, in steps. As the evidence fades, the miss returns to 1."""
+    log_miss, evidence = self.misses.get(batch_bucket(batch_size), {}).get(kappa, (0.0, 0.0))
     return math.exp(log_miss / (evidence + MISS_PRIOR)), evidence
 
 @patch
 def note_miss(self: KappaPolicy, step: StepTime) -> None:
-    """Fold a decode step's measured seconds over what the costs predict into its batch size's miss. The prediction
-    is the plan's, one catch-up position a drafting request, so what a request's first draft costs (it catches up its
-    prompt) lands in the drafting miss, part of what drafting costs, and so does whatever the costs price wrong at
-    this size. The first drafting step after a plain one is left out: it catches up every token of the plain run, a
-    one-off that says nothing about the next step. Both kinds' evidence fades MISS_FADE a step: the kind the engine is
-    not taking grows stale, and a close call probes it again."""
+    """Fold a decode step's measured seconds over what the costs predict into the miss of its batch size and depth.
+    The prediction is the plan's, one catch-up position a drafting request, so what a request's first draft costs
+    (it catches up its prompt) lands in the drafting depths' misses, part of what drafting costs, and so does whatever
+    the costs price wrong at this size. The first drafting step after a plain one is left out: it catches up every
+    token of the plain run, a one-off that says nothing about the next step. Every depth's evidence at this size fades
+    MISS_FADE a step: the depths the engine is not taking grow stale, and a close call probes them again."""
     predicted = self.costs.step_s(step.num_positions, step.num_drafting, step.kappa, None, step.num_kv)
     if not (step.seconds > 0 and predicted > 0) or (step.kappa > 0 and self.after_plain):
         return
-    kinds = self.misses.setdefault(batch_bucket(step.num_requests), [[0.0, 0.0], [0.0, 0.0]])
-    for kind in kinds:
-        kind[0], kind[1] = MISS_FADE * kind[0], MISS_FADE * kind[1]
-    kind = kinds[step.kappa > 0]
-    kind[0] += math.log(step.seconds / predicted)
-    kind[1] += 1.0
+    depths = self.misses.setdefault(batch_bucket(step.num_requests), {})
+    for depth in depths.values():
+        depth[0], depth[1] = MISS_FADE * depth[0], MISS_FADE * depth[1]
+    depth = depths.setdefault(step.kappa, [0.0, 0.0])
+    depth[0] += math.log(step.seconds / predicted)
+    depth[1] += 1.0
 
 
 # %% ../nbs/08g_policy.ipynb #db624d34
@@ -282,10 +283,9 @@ def note_miss(self: KappaPolicy, step: StepTime) -> None:
 def choose(self: KappaPolicy, step: StepView) -> list[int]:
     """Each request's kappa (at most its cap), from the step's frozen view alone: one depth K for the step, every free
     request drafting min(K, its cap), or none (a plain step). A seeded request drafts its cap whatever the batch and
-    the costs (`seeded_kappas`); the others are planned around it. With `correct`, each kind's rate is scaled by its
-    measured `miss` at this batch size; plain where it was never measured at this size, or in a close call the kind
-    with too little evidence, is planned: a probe (not beside a seeded request, whose drafts make any step a drafting
-    one)."""
+    the costs (`seeded_kappas`); the others are planned around it. With `correct`, each depth's rate is scaled by its
+    measured `miss` at this batch size, drafting must beat plain by DRAFT_MARGIN, and the plan may be a probe
+    (`probe`)."""
     batch, caps = step.requests, step.caps
     num_context = min(step.num_context, len(batch))   # prompt positions are paid whatever the plan (see below)
     prior, optimism = self.prior(batch), self.optimism / math.sqrt(len(batch))
@@ -297,24 +297,20 @@ def choose(self: KappaPolicy, step: StepView) -> list[int]:
     positions0, drafting0 = num_context + sum(fixed.values()), sum(k > 0 for k in fixed.values())
     deepest0 = max(fixed.values(), default=0)
     kv0 = sum(context_reads(lengths[i], fixed.get(i, 0)) for i in range(len(batch)))
-    plain_rate = tokens0 / self.costs.step_s(positions0, drafting0, deepest0, None, kv0)
-    best, best_rate = 0, 0.0                       # the best depth at which every free request drafts
-    for K in range(1, max(free, default=0) + 1):
+    rates = [tokens0 / self.costs.step_s(positions0, drafting0, deepest0, None, kv0)]   # by K; K = 0: plain
+    for K in range(1, max(free, default=0) + 1):   # every free request drafting min(K, its cap)
         ks = [min(K, c) for c in free]
         drafting = [i for i, k in enumerate(ks) if k]
         tokens = tokens0 + sum(sum(alphas[i] ** j for j in range(1, ks[i] + 1)) for i in drafting)   # E - 1 each
         reads = kv0 + sum(context_reads(lengths[i], ks[i]) - context_reads(lengths[i], 0) for i in drafting)
         seconds = self.costs.step_s(positions0 + sum(ks), drafting0 + len(drafting), max(K, deepest0), None, reads)
-        if tokens / seconds > best_rate:
-            best, best_rate = K, tokens / seconds
-    drafts = best_rate > plain_rate
-    if self.correct and best:                      # the measured miss of each kind at this size; a close call probes
-        (plain_miss, plain_seen), (draft_miss, draft_seen) = self.miss(len(batch), False), self.miss(len(batch), True)
-        plain_rate, best_rate = plain_rate / plain_miss, best_rate / draft_miss
-        drafts = best_rate > plain_rate
-        close = max(plain_rate, best_rate) < (1 + CLOSE_CALL) * min(plain_rate, best_rate)
-        if (close or not plain_seen) and not fixed and min(plain_seen, draft_seen) < MISS_PROBES:
-            drafts = draft_seen < plain_seen
+        rates.append(tokens / seconds)
+    if self.correct:                               # the measured miss of each depth at this size
+        rates = [rate / self.miss(len(batch), max(K, deepest0))[0] for K, rate in enumerate(rates)]
+    best = max(range(1, len(rates)), key=rates.__getitem__, default=0)
+    drafts = best > 0 and rates[best] > (1 + self.correct * DRAFT_MARGIN) * rates[0]
+    if self.correct and best:
+        drafts, best = self.probe(rates, drafts, best, len(batch), deepest0)
     curious = self.explore and min(self.observed) < EXPLORE_UNTIL
     if curious and not self.exploring and self.rng.random() < self.explore:
         self.exploring = EXPLORE_RUN
@@ -323,6 +319,22 @@ def choose(self: KappaPolicy, step: StepView) -> list[int]:
         drafts = not drafts
     K = best if drafts else 0
     return [fixed[i] if i in fixed else min(K, c) for i, c in enumerate(caps)]
+
+@patch
+def probe(self: KappaPolicy, rates: list[float], drafts: bool, best: int, batch_size: int,
+          deepest0: int) -> tuple[bool, int]:
+    """With `correct`, the plan (whether to draft, and the best depth) after probing: plain where it was never measured
+    at this size, or in a close call between plain and the best depth the one with too little evidence (not beside a
+    seeded request, whose drafts make any step a drafting one: `deepest0` > 0); and in a drafting step, a depth whose
+    rate is within a close call of the best's and has too little evidence, the least measured."""
+    seen = [self.miss(batch_size, max(K, deepest0))[1] for K in range(len(rates))]
+    close = max(rates[0], rates[best]) < (1 + CLOSE_CALL) * min(rates[0], rates[best])
+    if (close or not seen[0]) and not deepest0 and min(seen[0], seen[best]) < MISS_PROBES:
+        drafts = seen[best] < seen[0]
+    near = [K for K in range(1, len(rates)) if (1 + CLOSE_CALL) * rates[K] >= rates[best] and seen[K] < MISS_PROBES]
+    if drafts and near:
+        best = min(near, key=seen.__getitem__)
+    return drafts, best
 
 
 # %% ../nbs/08g_policy.ipynb #e6a1611b

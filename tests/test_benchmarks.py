@@ -1,4 +1,5 @@
 """The GPU benchmarks' CPU smoke tests: each script's --dry-run runs every section and writes sane records."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -338,6 +339,46 @@ def test_adaptive_kappa_pairs_each_round_with_the_best_configuration() -> None:
     r = ak.paired_ratios(runs, "model/auto", "model/kappa1")
     assert r["rounds"] == [1.1, 1.0, 0.9]
     assert (r["median"], r["min"], r["max"]) == (1.0, 0.9, 1.1)
+
+
+def test_adaptive_kappa_steady_window_ends_when_fewer_than_c_requests_remain(monkeypatch) -> None:
+    """adaptive_kappa.py: the steady window counts the tokens and seconds of the steps an engine began with at least C
+    unfinished requests, and the whole run counts every step. A fake engine (two in flight, request i needing i + 1
+    steps, one token a step) on a clock that moves 0.5 s per reading: 8 tokens in 4 full steps, 10 in all 6."""
+    from types import SimpleNamespace
+    ak = script("adaptive_kappa")
+
+    @dataclasses.dataclass
+    class Metrics:
+        num_draft_tokens: int = 0
+        num_accepted_tokens: int = 0
+        kappa_counts: list = dataclasses.field(default_factory=list)
+
+    class Fake:
+        def __init__(self):
+            self.requests, self.left, self.metrics = {}, {}, Metrics()
+
+        def add_request(self, prompt, params):
+            i = len(self.left)
+            self.requests[i], self.left[i] = prompt, i + 1
+
+        def has_unfinished(self):
+            return bool(self.requests)
+
+        def step(self):
+            outs = []
+            for i in sorted(self.requests)[:2]:
+                self.left[i] -= 1
+                outs.append(SimpleNamespace(new_token_ids=[7]))
+                if not self.left[i]:
+                    del self.requests[i]
+            return outs
+
+    clock = iter(0.5 * i for i in range(1000))
+    monkeypatch.setattr(ak, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    r = ak.run_together({"fake": Fake()}, ["fake"], [[1], [2], [3], [4]], None, 2)["fake"]
+    assert r[0] == pytest.approx(10 / 3.0)
+    assert r[3] == pytest.approx(8 / 2.0)
 
 
 def test_split_steps_draws_once_a_step_or_once_a_request() -> None:

@@ -19,6 +19,9 @@ of the machine, which lasts far longer than a step, slows them alike (`--interle
 after another, as older records did). Medians over rounds; every ratio is of medians of the same run:
 
 * auto / best: auto against max(plain, kappa 1, 2, 3), the issue's bar is 0.97;
+* the same in the steady window: each engine's tokens and seconds of the steps it began with C or more unfinished
+  requests (a round's last requests drain one by one, and do so later and more unevenly for drafting engines, whose
+  requests finish at different steps, than for plain ones, whose requests of equal length finish together);
 * the calibration's predicted crossing (the batch from which plain is best at alpha = the drafter's measured
   acceptance at concurrency 1, kappa 3) next to the measured one (the first concurrency at which plain beats every
   fixed kappa).
@@ -40,7 +43,7 @@ from speclab.eagle import eagle_drafter
 from speclab.request import SamplingParams
 from speclab.drafters import ModelDrafter, NgramDrafter
 from speclab.engine import SpecDecoder, cycle_collector_paused
-from speclab.policy import KappaPolicy
+from speclab.policy import MISS_PRIOR, KappaPolicy
 from speclab.serve import calibrate
 from speclab.model import load_model
 from speclab.sweep import sweep_prompts
@@ -122,32 +125,42 @@ def since(eng: SpecDecoder, before, tokens: int, seconds: float) -> tuple[float,
     return tokens / seconds, accepted / drafted if drafted else float("nan"), counts
 
 
-def run(eng: SpecDecoder, prompts: list, params: SamplingParams) -> tuple[float, float, list]:
-    "(generated tokens per second, acceptance rate, kappa counts) of one generate call over the prompts."
+def run(eng: SpecDecoder, prompts: list, params: SamplingParams) -> tuple[float, float, list, float]:
+    "(generated tokens per second, acceptance rate, kappa counts, the same rate) of one generate call over the prompts."
     before = snapshot(eng)
     t0 = time.perf_counter()
     outs = eng.generate(prompts, params)
-    return since(eng, before, sum(len(o.token_ids) for o in outs), time.perf_counter() - t0)
+    r = since(eng, before, sum(len(o.token_ids) for o in outs), time.perf_counter() - t0)
+    return r + (r[0],)                             # one whole run: no steady window of its own
 
 
-def run_together(engs: dict, names: list, prompts: list, params: SamplingParams) -> dict:
+def run_together(engs: dict, names: list, prompts: list, params: SamplingParams, concurrency: int) -> dict:
     """`run` for several engines at once: every engine gets the prompts, then they take one step each in turn until
     all are done, each engine's seconds its own steps' (a busy spell of the machine lasts far longer than a step, so
-    it slows every engine alike). {name: (tokens per second, acceptance rate, kappa counts)}."""
+    it slows every engine alike). {name: (tokens per second, acceptance rate, kappa counts, steady tokens per
+    second)}, the last counting only the steps an engine began with at least `concurrency` unfinished requests: the
+    closed loop at its concurrency, before the round's last requests drain one by one."""
     before = {n: snapshot(engs[n]) for n in names}
     for n in names:
         for prompt in prompts:
             engs[n].add_request(prompt, params)
     seconds, tokens = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
+    steady = {n: [0, 0.0] for n in names}
     with cycle_collector_paused():
         while any(engs[n].has_unfinished() for n in names):
             for n in names:
                 if engs[n].has_unfinished():
+                    full = len(engs[n].requests) >= concurrency
                     t0 = time.perf_counter()
                     outs = engs[n].step()
-                    seconds[n] += time.perf_counter() - t0
-                    tokens[n] += sum(len(o.new_token_ids) for o in outs)
-    return {n: since(engs[n], before[n], tokens[n], seconds[n]) for n in names}
+                    dt = time.perf_counter() - t0
+                    emitted = sum(len(o.new_token_ids) for o in outs)
+                    seconds[n] += dt
+                    tokens[n] += emitted
+                    if full:
+                        steady[n][0] += emitted
+                        steady[n][1] += dt
+    return {n: since(engs[n], before[n], tokens[n], seconds[n]) + (steady[n][0] / steady[n][1],) for n in names}
 
 
 def crossings(med: dict, alpha: dict, costs: dict, drafters: list[str]) -> dict:
@@ -197,7 +210,7 @@ def main(argv: list[str] | None = None) -> dict:
         for c, engs in grid.items():
             order = list(engs) if i % 2 == 0 else list(engs)[::-1]      # drift in the machine hits all alike
             if a.interleave == "steps":
-                for name, r in run_together(engs, order, prompts[c][i], params).items():
+                for name, r in run_together(engs, order, prompts[c][i], params, c).items():
                     runs[c][name].append(r)
             else:
                 for name in order:
@@ -213,6 +226,9 @@ def main(argv: list[str] | None = None) -> dict:
     best = {c: {name: max([m["plain"]] + [m[f"{name}/kappa{k}"] for k in FIXED]) for name in a.drafters}
             for c, m in med.items()}
     ratio = {name: {c: m[f"{name}/auto"] / best[c][name] for c, m in med.items()} for name in a.drafters}
+    steady = {c: {name: statistics.median(r[3] for r in v) for name, v in rs.items()} for c, rs in runs.items()}
+    steady_ratio = {name: {c: m[f"{name}/auto"] / max([m["plain"]] + [m[f"{name}/kappa{k}"] for k in FIXED])
+                           for c, m in steady.items()} for name in a.drafters}
     paired = {name: {c: paired_ratios(runs[c], f"{name}/auto", best_name(med[c], name)) for c in med}
               for name in a.drafters}
     control = {c: paired_ratios(runs[c], "plain-again", "plain") for c in med}
@@ -222,8 +238,8 @@ def main(argv: list[str] | None = None) -> dict:
         if a.uncorrected else None
     learned = {c: {name: dataclasses.asdict(eng.scheduler.policy.costs) for name, eng in engs.items()
                    if name.endswith(VARIANTS)} for c, engs in grid.items()}
-    misses = {c: {name: {b: [math.exp(s / w) if w else None for s, w in kinds] for b, kinds in
-                         eng.scheduler.policy.misses.items()}
+    misses = {c: {name: {b: {k: [math.exp(s / (w + MISS_PRIOR)), w] for k, (s, w) in sorted(depths.items())}
+                         for b, depths in eng.scheduler.policy.misses.items()}
                   for name, eng in engs.items() if name.endswith(VARIANTS)} for c, engs in grid.items()}
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
            platform.machine(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "load": loads,
@@ -235,7 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
            "costs": {n: dataclasses.asdict(c) for n, c in costs.items()}, "learned_costs": learned,
            "tokens_per_s": med, "auto_over_best": ratio, "auto_over_best_paired": paired, "control_paired": control,
            "order": "engines in list order in even rounds, reversed in odd ones", "interleave": a.interleave,
-           "refit_over_best": refit,
+           "refit_over_best": refit, "steady_tokens_per_s": steady, "steady_auto_over_best": steady_ratio,
            "uncorrected_over_best": uncorrected, "misses": misses, "kappa_counts": chosen,
            "crossing": crossings(med, alpha, costs, a.drafters)}
     if a.out:
@@ -255,6 +271,8 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"{c:>11} " + " ".join(f"{m[col]:9.1f}" for col in cols) + f"  {ratio[name][c]:.3f}" +
                   (f"  {refit[name][c]:.3f}" if refit else "") +
                   (f"  {uncorrected[name][c]:.3f}" if uncorrected else ""))
+        print("steady window (C requests in flight), auto / best: " + "  ".join(
+            f"{c}: {r:.3f}" for c, r in steady_ratio[name].items()))
         print(f"crossing: {out['crossing'][name]}")
         print("auto / best, round by round (median [min, max]): " + "  ".join(
             f"{c}: {r['median']:.3f} [{r['min']:.3f}, {r['max']:.3f}]" for c, r in paired[name].items()))
