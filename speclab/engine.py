@@ -205,7 +205,8 @@ def step(self: SpecDecoder) -> list[StepOutput]:
     if not plan.requests:
         return []
     outputs, proposal = self._run(plan)
-    self.last_step = self.scheduler.observe(plan, proposal, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    self.last_step = self.scheduler.observe(plan, proposal, seconds, sum(len(out.new_token_ids) for out in outputs))
     for out in outputs:
         if out.finished is not None:
             del self.requests[out.req_id]

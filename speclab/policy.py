@@ -4,11 +4,11 @@
 
 # %% auto #0
 __all__ = ['EXPLORE_RUN', 'EXPLORE_UNTIL', 'UNTRUSTED_EXPLORE', 'UNTRUSTED_TRUST', 'POOL_MEMORY', 'POOL_FADE', 'MISS_FADE',
-           'MISS_PROBES', 'MISS_PRIOR', 'CLOSE_CALL', 'DRAFT_MARGIN', 'MAX_FIT_ERROR', 'CALIBRATION_STEPS',
-           'CALIBRATION_BUDGET_S', 'CALIBRATION_STOP', 'StepCosts', 'live_alpha', 'CostFit', 'seeded_kappas',
-           'KappaPolicy', 'batch_bucket', 'calibration_prompts', 'fit_step_costs', 'fit_error', 'calibration_problem',
-           'calibration_costs', 'calibration_steps', 'fastest_steps', 'check_fastest', 'calibration_cut',
-           'time_calibration_steps', 'calibration_fit_steps', 'measure_step_costs']
+           'MISS_PROBES', 'MISS_PRIOR', 'CLOSE_CALL', 'DRAFT_MARGIN', 'KEEP_MARGIN', 'MAX_FIT_ERROR',
+           'CALIBRATION_STEPS', 'CALIBRATION_BUDGET_S', 'CALIBRATION_STOP', 'StepCosts', 'live_alpha', 'CostFit',
+           'seeded_kappas', 'KappaPolicy', 'batch_bucket', 'calibration_prompts', 'fit_step_costs', 'fit_error',
+           'calibration_problem', 'calibration_costs', 'calibration_steps', 'fastest_steps', 'check_fastest',
+           'calibration_cut', 'time_calibration_steps', 'calibration_fit_steps', 'measure_step_costs']
 
 # %% ../nbs/08g_policy.ipynb #7fff309f
 import math
@@ -191,7 +191,9 @@ class KappaPolicy:
         self.observed = [0, 0]         # decode steps observed: plain, drafting
         self.pooled = [0.0, 0.0]       # with `pool`: accepted drafts and rejections of every request planned
         self.seen = {}                 # each running request's counters when last planned: {req_id: (accepted, rej)}
-        self.misses = {}               # with `correct`: {batch bucket: {depth: [log miss, evidence]}}
+        self.misses = {}               # with `correct`: {batch bucket: {depth: [log miss, evidence, tokens
+                                       #   predicted, tokens emitted]}}
+        self.planned = None            # the last plan: (requests, depth, tokens it should emit)
         self.after_plain = False       # the last decode step observed was plain (the next drafting one catches up)
 
     @classmethod
@@ -245,7 +247,8 @@ MISS_FADE = 0.999        # with `correct`: what a measured miss counts one obser
 MISS_PROBES = 2.0        # the evidence (in steps) under which a close call probes the depth it has not measured
 MISS_PRIOR = 1.0         # the costs' own word (a miss of 1) counts as this many steps: a stale miss fades back to it
 CLOSE_CALL = 0.10        # a close call: two plans' rates within this of each other
-DRAFT_MARGIN = 0.03      # with `correct`: what drafting must gain over plain, corrected, to be planned
+DRAFT_MARGIN = 0.03      # with `correct`: what drafting must gain over plain, corrected, to follow a plain step
+KEEP_MARGIN = 0.01       # and to follow a drafting step
 
 def batch_bucket(batch_size: int) -> int:
     "Where `correct` keeps a batch's misses: 1, 2-3, 4-7, 8-15, ... requests share one (the size's bit length)."
@@ -253,15 +256,22 @@ def batch_bucket(batch_size: int) -> int:
 
 @patch
 def miss(self: KappaPolicy, batch_size: int, kappa: int) -> tuple[float, float]:
-    """How far the costs have missed a step of this depth (`kappa` drafts at most; 0: plain) at this batch size:
-    measured seconds over predicted, a geometric mean in which recent steps weigh more and the costs' own word (a miss
-    of 1) counts MISS_PRIOR steps, and the evidence behind it, in steps. As the evidence fades, the miss returns to 1."""
-    log_miss, evidence = self.misses.get(batch_bucket(batch_size), {}).get(kappa, (0.0, 0.0))
-    return math.exp(log_miss / (evidence + MISS_PRIOR)), evidence
+    """How far the plan has missed steps of this depth (`kappa` drafts at most; 0: plain) at this batch size, in
+    seconds per token: measured seconds over the costs' prediction (a geometric mean in which recent steps weigh more
+    and the costs' own word, a miss of 1, counts MISS_PRIOR steps) times the tokens the plans predicted over those the
+    steps emitted (sums, so that a step of one request emitting one token or five does not swing it; the prediction's
+    own word again counts MISS_PRIOR steps); and the evidence behind it, in steps. As the evidence fades, the miss
+    returns to 1."""
+    log_miss, evidence, predicted, emitted = self.misses.get(batch_bucket(batch_size), {}).get(kappa, (0.0,) * 4)
+    per_step = MISS_PRIOR * predicted / max(evidence, 1.0)
+    tokens = (predicted + per_step) / (emitted + per_step) if emitted > 0 else 1.0
+    return math.exp(log_miss / (evidence + MISS_PRIOR)) * tokens, evidence
 
 @patch
 def note_miss(self: KappaPolicy, step: StepTime) -> None:
-    """Fold a decode step's measured seconds over what the costs predict into the miss of its batch size and depth.
+    """Fold a decode step's measured seconds over what the costs predict into the miss of its batch size and depth,
+    and the tokens it emitted beside those its plan predicted (where the step is the one `choose` last planned: the
+    acceptance of a depth the i.i.d. model misjudges, deep drafts accepted less often than shallow ones, lands there).
     The prediction is the plan's, one catch-up position a drafting request, so what a request's first draft costs
     (it catches up its prompt) lands in the drafting depths' misses, part of what drafting costs, and so does whatever
     the costs price wrong at this size. The first drafting step after a plain one is left out: it catches up every
@@ -270,12 +280,16 @@ def note_miss(self: KappaPolicy, step: StepTime) -> None:
     predicted = self.costs.step_s(step.num_positions, step.num_drafting, step.kappa, None, step.num_kv)
     if not (step.seconds > 0 and predicted > 0) or (step.kappa > 0 and self.after_plain):
         return
+    planned, self.planned = self.planned, None
     depths = self.misses.setdefault(batch_bucket(step.num_requests), {})
     for depth in depths.values():
-        depth[0], depth[1] = MISS_FADE * depth[0], MISS_FADE * depth[1]
-    depth = depths.setdefault(step.kappa, [0.0, 0.0])
+        depth[:] = [MISS_FADE * x for x in depth]
+    depth = depths.setdefault(step.kappa, [0.0] * 4)
     depth[0] += math.log(step.seconds / predicted)
     depth[1] += 1.0
+    if step.num_emitted and planned is not None and planned[:2] == (step.num_requests, step.kappa):
+        depth[2] += planned[2]
+        depth[3] += step.num_emitted
 
 
 # %% ../nbs/08g_policy.ipynb #db624d34
@@ -284,7 +298,8 @@ def choose(self: KappaPolicy, step: StepView) -> list[int]:
     """Each request's kappa (at most its cap), from the step's frozen view alone: one depth K for the step, every free
     request drafting min(K, its cap), or none (a plain step). A seeded request drafts its cap whatever the batch and
     the costs (`seeded_kappas`); the others are planned around it. With `correct`, each depth's rate is scaled by its
-    measured `miss` at this batch size, drafting must beat plain by DRAFT_MARGIN, and the plan may be a probe
+    measured `miss` at this batch size, drafting must beat plain by DRAFT_MARGIN after a plain step and by
+    KEEP_MARGIN after a drafting one (a band in which the engine keeps what it does), and the plan may be a probe
     (`probe`)."""
     batch, caps = step.requests, step.caps
     num_context = min(step.num_context, len(batch))   # prompt positions are paid whatever the plan (see below)
@@ -297,18 +312,21 @@ def choose(self: KappaPolicy, step: StepView) -> list[int]:
     positions0, drafting0 = num_context + sum(fixed.values()), sum(k > 0 for k in fixed.values())
     deepest0 = max(fixed.values(), default=0)
     kv0 = sum(context_reads(lengths[i], fixed.get(i, 0)) for i in range(len(batch)))
-    rates = [tokens0 / self.costs.step_s(positions0, drafting0, deepest0, None, kv0)]   # by K; K = 0: plain
+    expected = [tokens0]                           # tokens the step emits, by K (K = 0: plain), and per second
+    rates = [tokens0 / self.costs.step_s(positions0, drafting0, deepest0, None, kv0)]
     for K in range(1, max(free, default=0) + 1):   # every free request drafting min(K, its cap)
         ks = [min(K, c) for c in free]
         drafting = [i for i, k in enumerate(ks) if k]
         tokens = tokens0 + sum(sum(alphas[i] ** j for j in range(1, ks[i] + 1)) for i in drafting)   # E - 1 each
         reads = kv0 + sum(context_reads(lengths[i], ks[i]) - context_reads(lengths[i], 0) for i in drafting)
         seconds = self.costs.step_s(positions0 + sum(ks), drafting0 + len(drafting), max(K, deepest0), None, reads)
+        expected.append(tokens)
         rates.append(tokens / seconds)
     if self.correct:                               # the measured miss of each depth at this size
         rates = [rate / self.miss(len(batch), max(K, deepest0))[0] for K, rate in enumerate(rates)]
     best = max(range(1, len(rates)), key=rates.__getitem__, default=0)
-    drafts = best > 0 and rates[best] > (1 + self.correct * DRAFT_MARGIN) * rates[0]
+    margin = (DRAFT_MARGIN if self.after_plain else KEEP_MARGIN) if self.correct else 0.0
+    drafts = best > 0 and rates[best] > (1 + margin) * rates[0]
     if self.correct and best:
         drafts, best = self.probe(rates, drafts, best, len(batch), deepest0)
     curious = self.explore and min(self.observed) < EXPLORE_UNTIL
@@ -318,6 +336,7 @@ def choose(self: KappaPolicy, step: StepView) -> list[int]:
         self.exploring -= 1
         drafts = not drafts
     K = best if drafts else 0
+    self.planned = (len(batch), max(K, deepest0), expected[K])   # what `note_miss` compares the step with
     return [fixed[i] if i in fixed else min(K, c) for i, c in enumerate(caps)]
 
 @patch

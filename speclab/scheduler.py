@@ -51,6 +51,7 @@ class StepTime(NamedTuple):
     num_draft_fed: int = 0
     num_kv: int = 0                    # K/V rows its attention read (`context_reads`)
     num_requests: int = 0              # requests in the step (0: not recorded)
+    num_emitted: int = 0               # tokens the step emitted, bonus and recovered ones included (0: not recorded)
 
 def context_reads(num_tokens: int, num_drafts: int) -> int:
     """The K/V rows a decode step of a request of `num_tokens` tokens reads when it drafts `num_drafts`: its whole
@@ -245,16 +246,17 @@ def schedule(self: Scheduler) -> StepPlan:
     return StepPlan(batch, kappas, plan, preempted, num_context, lags)
 
 @patch
-def observe(self: Scheduler, plan: StepPlan, proposal: Proposal, seconds: float) -> StepTime:
-    """What the step verified and drafted, how long it took, and what its drafter caught up (a drafting request's
-    lag: its tokens since the draft last ran). The policy (if any) learns from decode steps only: one context
+def observe(self: Scheduler, plan: StepPlan, proposal: Proposal, seconds: float, num_emitted: int = 0) -> StepTime:
+    """What the step verified and drafted, how long it took, what its drafter caught up (a drafting request's lag:
+    its tokens since the draft last ran) and the tokens it emitted. The policy (if any) learns from decode steps only: one context
     position per request (a prompt's positions are paid whatever the plan; page 8g)."""
     drafted = [len(d) for d in proposal.drafts]
     lags = plan.draft_lags if proposal.num_draft_computed is not None and plan.draft_lags else [0] * len(drafted)
     fed = sum(lag for lag, n in zip(lags, drafted) if n)
     num_drafting, kappa = sum(n > 0 for n in drafted), max(drafted, default=0)
     reads = sum(context_reads(start + 1, n) for start, n in zip(plan.first_positions(), drafted))   # decode steps
-    shape = StepTime(plan.num_context + sum(drafted), num_drafting, kappa, seconds, fed, reads, len(plan.requests))
+    shape = StepTime(plan.num_context + sum(drafted), num_drafting, kappa, seconds, fed, reads, len(plan.requests),
+                     num_emitted)
     if self.policy is not None and plan.num_context == len(plan.requests):
         self.policy.observe(shape)
     return shape

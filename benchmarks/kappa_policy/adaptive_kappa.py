@@ -29,7 +29,6 @@ after another, as older records did). Medians over rounds; every ratio is of med
 import argparse
 import dataclasses
 import json
-import math
 import os
 import platform
 import statistics
@@ -43,7 +42,7 @@ from speclab.eagle import eagle_drafter
 from speclab.request import SamplingParams
 from speclab.drafters import ModelDrafter, NgramDrafter
 from speclab.engine import SpecDecoder, cycle_collector_paused
-from speclab.policy import MISS_PRIOR, KappaPolicy
+from speclab.policy import KappaPolicy
 from speclab.serve import calibrate
 from speclab.model import load_model
 from speclab.sweep import sweep_prompts
@@ -238,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
         if a.uncorrected else None
     learned = {c: {name: dataclasses.asdict(eng.scheduler.policy.costs) for name, eng in engs.items()
                    if name.endswith(VARIANTS)} for c, engs in grid.items()}
-    misses = {c: {name: {b: {k: [math.exp(s / (w + MISS_PRIOR)), w] for k, (s, w) in sorted(depths.items())}
+    misses = {c: {name: {b: {k: list(eng.scheduler.policy.miss(2 ** (b - 1), k)) for k in sorted(depths)}
                          for b, depths in eng.scheduler.policy.misses.items()}
                   for name, eng in engs.items() if name.endswith(VARIANTS)} for c, engs in grid.items()}
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
