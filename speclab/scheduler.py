@@ -246,10 +246,11 @@ def schedule(self: Scheduler) -> StepPlan:
     return StepPlan(batch, kappas, plan, preempted, num_context, lags)
 
 @patch
-def observe(self: Scheduler, plan: StepPlan, proposal: Proposal, seconds: float, num_emitted: int = 0) -> StepTime:
+def observe(self: Scheduler, plan: StepPlan, proposal: Proposal, seconds: float,
+            num_emitted: int = 0) -> StepTime:
     """What the step verified and drafted, how long it took, what its drafter caught up (a drafting request's lag:
-    its tokens since the draft last ran) and the tokens it emitted. The policy (if any) learns from decode steps only: one context
-    position per request (a prompt's positions are paid whatever the plan; page 8g)."""
+    its tokens since the draft last ran) and the tokens it emitted. The policy (if any) learns from decode steps
+    only: one context position per request (a prompt's positions are paid whatever the plan; page 8g)."""
     drafted = [len(d) for d in proposal.drafts]
     lags = plan.draft_lags if proposal.num_draft_computed is not None and plan.draft_lags else [0] * len(drafted)
     fed = sum(lag for lag, n in zip(lags, drafted) if n)

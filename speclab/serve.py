@@ -127,7 +127,7 @@ def auto_policy(target: Llama, drafter: Any, kappa_max: int,
                 on_calibration: Callable[[Calibration], Any] | None = None,
                 calibration: dict | None = None) -> KappaPolicy:
     """Calibrate (sized by `calibration`), tell `on_calibration` what was measured, and return the policy: it plans
-    with the calibrated costs, corrected by how far they miss each kind of step (`KappaPolicy.miss`), or, when they
+    with the calibrated costs, corrected by how far they miss each depth of step (`KappaPolicy.miss`), or, when they
     were refused, starts from them, refits them from every decode step and explores (`KappaPolicy.adaptive`)."""
     cal = calibrate(target, drafter, kappa_max, **(calibration or {}))
     if on_calibration is not None:
