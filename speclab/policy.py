@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['EXPLORE_RUN', 'EXPLORE_UNTIL', 'UNTRUSTED_EXPLORE', 'UNTRUSTED_TRUST', 'POOL_MEMORY', 'POOL_FADE', 'MISS_FADE',
-           'MISS_PROBES', 'MISS_PRIOR', 'CLOSE_CALL', 'DRAFT_MARGIN', 'KEEP_MARGIN', 'MAX_FIT_ERROR',
+           'MISS_PROBES', 'MISS_PRIOR', 'MISS_TOKENS', 'CLOSE_CALL', 'DRAFT_MARGIN', 'KEEP_MARGIN', 'MAX_FIT_ERROR',
            'CALIBRATION_STEPS', 'CALIBRATION_BUDGET_S', 'CALIBRATION_STOP', 'StepCosts', 'live_alpha', 'CostFit',
            'seeded_kappas', 'KappaPolicy', 'batch_bucket', 'calibration_prompts', 'fit_step_costs', 'fit_error',
            'calibration_problem', 'calibration_costs', 'calibration_steps', 'fastest_steps', 'check_fastest',
@@ -246,6 +246,7 @@ def prior(self: KappaPolicy, batch: Sequence[RequestView]) -> float:
 MISS_FADE = 0.999        # with `correct`: what a measured miss counts one observed step later, at its batch size
 MISS_PROBES = 2.0        # the evidence (in steps) under which a close call probes the depth it has not measured
 MISS_PRIOR = 1.0         # the costs' own word (a miss of 1) counts as this many steps: a stale miss fades back to it
+MISS_TOKENS = 64.0       # and the plan's own word about a depth's tokens counts as this many tokens emitted
 CLOSE_CALL = 0.10        # a close call: two plans' rates within this of each other
 DRAFT_MARGIN = 0.03      # with `correct`: what drafting must gain over plain, corrected, to follow a plain step
 KEEP_MARGIN = 0.01       # and to follow a drafting step
@@ -259,12 +260,11 @@ def miss(self: KappaPolicy, batch_size: int, kappa: int) -> tuple[float, float]:
     """How far the plan has missed steps of this depth (`kappa` drafts at most; 0: plain) at this batch size, in
     seconds per token: measured seconds over the costs' prediction (a geometric mean in which recent steps weigh more
     and the costs' own word, a miss of 1, counts MISS_PRIOR steps) times the tokens the plans predicted over those the
-    steps emitted (sums, so that a step of one request emitting one token or five does not swing it; the prediction's
-    own word again counts MISS_PRIOR steps); and the evidence behind it, in steps. As the evidence fades, the miss
-    returns to 1."""
+    steps emitted (sums, in which the plan's own word counts MISS_TOKENS tokens: a step of one request emits one token
+    or five, and two such probes must not write a depth off); and the evidence behind it, in steps. As the evidence
+    fades, the miss returns to 1."""
     log_miss, evidence, predicted, emitted = self.misses.get(batch_bucket(batch_size), {}).get(kappa, (0.0,) * 4)
-    per_step = MISS_PRIOR * predicted / max(evidence, 1.0)
-    tokens = (predicted + per_step) / (emitted + per_step) if emitted > 0 else 1.0
+    tokens = (predicted + MISS_TOKENS) / (emitted + MISS_TOKENS)
     return math.exp(log_miss / (evidence + MISS_PRIOR)) * tokens, evidence
 
 @patch
