@@ -157,7 +157,8 @@ class KappaPolicy:
     a wrong calibration is corrected either way. With `pool`, a request's prior is the pair's acceptance learned from
     every request the policy has planned (`prior`), not `alpha_prior` alone. With `correct`, each plan's predicted
     time is scaled by how far the costs have missed steps of its depth (plain, or drafting K) at that batch size
-    (`miss`), drafting must gain DRAFT_MARGIN over plain, and a close call probes what it has too little evidence of."""
+    (`miss`), drafting must gain DRAFT_MARGIN over plain after a plain step and KEEP_MARGIN after a drafting one, and
+    a close call probes what it has too little evidence of."""
     costs: StepCosts
     alpha_prior: float = 0.5           # the pair's acceptance rate (Chapter 9's fit), before a request has its own
     prior_strength: float = 8.0        # how many drafts the prior is worth
@@ -270,8 +271,8 @@ def miss(self: KappaPolicy, batch_size: int, kappa: int) -> tuple[float, float]:
 @patch
 def note_miss(self: KappaPolicy, step: StepTime) -> None:
     """Fold a decode step's measured seconds over what the costs predict into the miss of its batch size and depth,
-    and the tokens it emitted beside those its plan predicted (where the step is the one `choose` last planned: the
-    acceptance of a depth the i.i.d. model misjudges, deep drafts accepted less often than shallow ones, lands there).
+    and the tokens it emitted beside those its plan predicted (where the step is the one `choose` last planned: where
+    a depth's acceptance is not what the i.i.d. model and the optimistic bound say, the difference lands there).
     The prediction is the plan's, one catch-up position a drafting request, so what a request's first draft costs
     (it catches up its prompt) lands in the drafting depths' misses, part of what drafting costs, and so does whatever
     the costs price wrong at this size. The first drafting step after a plain one is left out: it catches up every
