@@ -192,8 +192,7 @@ class KappaPolicy:
         self.observed = [0, 0]         # decode steps observed: plain, drafting
         self.pooled = [0.0, 0.0]       # with `pool`: accepted drafts and rejections of every request planned
         self.seen = {}                 # each running request's counters when last planned: {req_id: (accepted, rej)}
-        self.misses = {}               # with `correct`: {batch bucket: {depth: [log miss, evidence, tokens
-                                       #   predicted, tokens emitted]}}
+        self.misses = {}               # with `correct`: {bucket: {depth: [log miss, evidence, predicted, emitted]}}
         self.planned = None            # the last plan: (requests, depth, tokens it should emit)
         self.after_plain = False       # the last decode step observed was plain (the next drafting one catches up)
 
