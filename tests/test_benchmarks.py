@@ -344,7 +344,8 @@ def test_adaptive_kappa_pairs_each_round_with_the_best_configuration() -> None:
 def test_adaptive_kappa_steady_window_ends_when_fewer_than_c_requests_remain(monkeypatch) -> None:
     """adaptive_kappa.py: the steady window counts the tokens and seconds of the steps an engine began with at least C
     unfinished requests, and the whole run counts every step. A fake engine (two in flight, request i needing i + 1
-    steps, one token a step) on a clock that moves 0.5 s per reading: 8 tokens in 4 full steps, 10 in all 6."""
+    steps, one token a step) on a clock that moves 0.5 s per reading: 8 tokens in 4 full steps, 10 in all 6; the phases
+    split the same steps by whether they computed a prompt, began full, or drained."""
     from types import SimpleNamespace
     ak = script("adaptive_kappa")
 
@@ -367,7 +368,11 @@ def test_adaptive_kappa_steady_window_ends_when_fewer_than_c_requests_remain(mon
 
         def step(self):
             outs = []
-            for i in sorted(self.requests)[:2]:
+            running = sorted(self.requests)[:2]
+            fresh = [i for i in running if self.left[i] == i + 1]      # a request's first step computes its prompt
+            self.last_step = SimpleNamespace(num_positions=len(running) + 3 * len(fresh), num_requests=len(running),
+                                             kappa=0)
+            for i in running:
                 self.left[i] -= 1
                 outs.append(SimpleNamespace(new_token_ids=[7]))
                 if not self.left[i]:
@@ -379,6 +384,9 @@ def test_adaptive_kappa_steady_window_ends_when_fewer_than_c_requests_remain(mon
     r = ak.run_together({"fake": Fake()}, ["fake"], [[1], [2], [3], [4]], None, 2)["fake"]
     assert r[0] == pytest.approx(10 / 3.0)
     assert r[3] == pytest.approx(8 / 2.0)
+    # steps 1, 2, 3 admit (requests 0 and 1, then 2, then 3), step 4 decodes a full batch, steps 5 and 6 drain
+    assert r[4] == {"admit": [3, 1.5, 6], "decode": [1, 0.5, 2], "drain": [2, 1.0, 2]}
+    assert ak.sum_phases([r[4], {"drain": [1, 0.5, 1]}])["drain"] == [3, 1.5, 3]
 
 
 def test_split_steps_draws_once_a_step_or_once_a_request() -> None:

@@ -124,13 +124,14 @@ def since(eng: SpecDecoder, before, tokens: int, seconds: float) -> tuple[float,
     return tokens / seconds, accepted / drafted if drafted else float("nan"), counts
 
 
-def run(eng: SpecDecoder, prompts: list, params: SamplingParams) -> tuple[float, float, list, float]:
-    "(generated tokens per second, acceptance rate, kappa counts, the same rate) of one generate call over the prompts."
+def run(eng: SpecDecoder, prompts: list, params: SamplingParams) -> tuple[float, float, list, float, dict]:
+    """(generated tokens per second, acceptance rate, kappa counts, the same rate, no phases) of one generate call over
+    the prompts."""
     before = snapshot(eng)
     t0 = time.perf_counter()
     outs = eng.generate(prompts, params)
     r = since(eng, before, sum(len(o.token_ids) for o in outs), time.perf_counter() - t0)
-    return r + (r[0],)                             # one whole run: no steady window of its own
+    return r + (r[0], {})                          # one whole run: no steady window or phases of its own
 
 
 def run_together(engs: dict, names: list, prompts: list, params: SamplingParams, concurrency: int) -> dict:
@@ -138,13 +139,15 @@ def run_together(engs: dict, names: list, prompts: list, params: SamplingParams,
     all are done, each engine's seconds its own steps' (a busy spell of the machine lasts far longer than a step, so
     it slows every engine alike). {name: (tokens per second, acceptance rate, kappa counts, steady tokens per
     second)}, the last counting only the steps an engine began with at least `concurrency` unfinished requests: the
-    closed loop at its concurrency, before the round's last requests drain one by one."""
+    closed loop at its concurrency, before the round's last requests drain one by one; and the round's phases,
+    {phase: [steps, seconds, tokens]} (`phase`)."""
     before = {n: snapshot(engs[n]) for n in names}
     for n in names:
         for prompt in prompts:
             engs[n].add_request(prompt, params)
     seconds, tokens = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
     steady = {n: [0, 0.0] for n in names}
+    phases = {n: {} for n in names}
     with cycle_collector_paused():
         while any(engs[n].has_unfinished() for n in names):
             for n in names:
@@ -159,7 +162,41 @@ def run_together(engs: dict, names: list, prompts: list, params: SamplingParams,
                     if full:
                         steady[n][0] += emitted
                         steady[n][1] += dt
-    return {n: since(engs[n], before[n], tokens[n], seconds[n]) + (steady[n][0] / steady[n][1],) for n in names}
+                    tally = phases[n].setdefault(phase(engs[n].last_step, full), [0, 0.0, 0])
+                    tally[0] += 1
+                    tally[1] += dt
+                    tally[2] += emitted
+    return {n: since(engs[n], before[n], tokens[n], seconds[n]) + (steady[n][0] / steady[n][1], phases[n])
+            for n in names}
+
+
+def phase(step, full: bool) -> str:
+    """Where a step falls in a closed-loop round: "admit" if it computed a prompt (more target positions than its
+    requests' one each plus their drafts), else "decode" if it began with the concurrency's requests unfinished,
+    else "drain" (the round's last requests, fewer than C)."""
+    if step.num_positions > step.num_requests * (1 + step.kappa):
+        return "admit"
+    return "decode" if full else "drain"
+
+
+def sum_phases(rounds) -> dict:
+    "Every round's phases added up: {phase: [steps, seconds, tokens]}."
+    total = {}
+    for phases in rounds:
+        for name, tally in phases.items():
+            total[name] = [a + b for a, b in zip(total.get(name, [0, 0.0, 0]), tally)]
+    return total
+
+
+def phase_line(phases: dict, auto: str, best: str) -> str:
+    """Auto against the best configuration phase by phase: each one's seconds and tokens per second there (where a
+    policy loses: the batch's steady decode steps, the steps that admit a prompt, or the round's drain)."""
+    parts = []
+    for name in ("decode", "admit", "drain"):
+        a, b = phases[auto].get(name, [0, 0.0, 0]), phases[best].get(name, [0, 0.0, 0])
+        parts.append(f"{name} {a[1]:.2f} s / {b[1]:.2f} s, {a[2] / a[1] if a[1] else 0:.0f} / "
+                     f"{b[2] / b[1] if b[1] else 0:.0f} tokens/s")
+    return "; ".join(parts)
 
 
 def crossings(med: dict, alpha: dict, costs: dict, drafters: list[str]) -> dict:
@@ -226,6 +263,7 @@ def main(argv: list[str] | None = None) -> dict:
             for c, m in med.items()}
     ratio = {name: {c: m[f"{name}/auto"] / best[c][name] for c, m in med.items()} for name in a.drafters}
     steady = {c: {name: statistics.median(r[3] for r in v) for name, v in rs.items()} for c, rs in runs.items()}
+    phases = {c: {name: sum_phases(r[4] for r in v) for name, v in rs.items()} for c, rs in runs.items()}
     steady_ratio = {name: {c: m[f"{name}/auto"] / max([m["plain"]] + [m[f"{name}/kappa{k}"] for k in FIXED])
                            for c, m in steady.items()} for name in a.drafters}
     paired = {name: {c: paired_ratios(runs[c], f"{name}/auto", best_name(med[c], name)) for c in med}
@@ -251,6 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
            "tokens_per_s": med, "auto_over_best": ratio, "auto_over_best_paired": paired, "control_paired": control,
            "order": "engines in list order in even rounds, reversed in odd ones", "interleave": a.interleave,
            "refit_over_best": refit, "steady_tokens_per_s": steady, "steady_auto_over_best": steady_ratio,
+           "phases": phases,
            "uncorrected_over_best": uncorrected, "misses": misses, "kappa_counts": chosen,
            "crossing": crossings(med, alpha, costs, a.drafters)}
     if a.out:
@@ -272,6 +311,10 @@ def main(argv: list[str] | None = None) -> dict:
                   (f"  {uncorrected[name][c]:.3f}" if uncorrected else ""))
         print("steady window (C requests in flight), auto / best: " + "  ".join(
             f"{c}: {r:.3f}" for c, r in steady_ratio[name].items()))
+        if a.interleave == "steps":
+            for c in med:
+                print(f"{c:>11} auto / {best_name(med[c], name)} by phase: "
+                      f"{phase_line(phases[c], f'{name}/auto', best_name(med[c], name))}")
         print(f"crossing: {out['crossing'][name]}")
         print("auto / best, round by round (median [min, max]): " + "  ".join(
             f"{c}: {r['median']:.3f} [{r['min']:.3f}, {r['max']:.3f}]" for c, r in paired[name].items()))
