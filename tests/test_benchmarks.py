@@ -381,12 +381,28 @@ def test_adaptive_kappa_steady_window_ends_when_fewer_than_c_requests_remain(mon
 
     clock = iter(0.5 * i for i in range(1000))
     monkeypatch.setattr(ak, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
-    r = ak.run_together({"fake": Fake()}, ["fake"], [[1], [2], [3], [4]], None, 2)["fake"]
+    r = ak.run_together({"fake": Fake()}, ["fake"], [[1], [2], [3], [4]], [None] * 4, 2)["fake"]
     assert r[0] == pytest.approx(10 / 3.0)
     assert r[3] == pytest.approx(8 / 2.0)
     # steps 1, 2, 3 admit (requests 0 and 1, then 2, then 3), step 4 decodes a full batch, steps 5 and 6 drain
     assert r[4] == {"admit": [3, 1.5, 6], "decode": [1, 0.5, 2], "drain": [2, 1.0, 2]}
     assert ak.sum_phases([r[4], {"drain": [1, 0.5, 1]}])["drain"] == [3, 1.5, 3]
+
+
+def test_adaptive_kappa_spread_draws_the_same_lengths_for_every_engine() -> None:
+    """adaptive_kappa.py --spread: without it every request asks for --tokens; with it the lengths spread uniformly
+    over tokens x [1 - spread, 1 + spread] (ends included), the same draws for the same seed, greedy and ignoring EOS."""
+    ak = script("adaptive_kappa")
+    assert {p.max_tokens for p in ak.lengths_params(48, 0.0, 64, 7)} == {48}
+    spread = ak.lengths_params(48, 0.5, 400, 7)
+    lengths = [p.max_tokens for p in spread]
+    assert min(lengths) == 24 and max(lengths) == 72 and len(set(lengths)) > 30
+    assert lengths == [p.max_tokens for p in ak.lengths_params(48, 0.5, 400, 7)]
+    assert lengths != [p.max_tokens for p in ak.lengths_params(48, 0.5, 400, 8)]
+    assert all(p.temperature == 0 and p.ignore_eos for p in spread)
+    for bad in (["--spread", "1.0"], ["--spread", "-0.1"], ["--tokens", "4", "--spread", "0.9"]):
+        with pytest.raises(SystemExit):
+            ak.parse_args(bad)
 
 
 def test_split_steps_draws_once_a_step_or_once_a_request() -> None:
@@ -467,3 +483,26 @@ def test_ngram_lookup_rules_differ_only_where_a_run_reaches_the_end() -> None:
     assert lookup.earliest([1, 2, 9, 1, 2, 7, 1, 2], 2) == [9, 1] and lookup.stop([1, 2, 9, 1, 2, 7, 1, 2], 2) == [7, 1]
     prose = [5, 1, 3, 6, 2, 0, 4]                              # nothing repeats: no rule drafts, one token a step
     assert all(lookup.measure([(2, prose)], 3)[r] == 1.0 for r in lookup.RULES)
+
+
+def test_switch_cost_places_each_step_in_its_run_and_keeps_full_decode_steps() -> None:
+    """switch_cost.py: the pattern policy takes its depths in turn (each request's cap kept); a step's place counts the
+    steps of its kind before it since the last switch; the table keeps decode steps of the whole batch only (a step
+    with a prompt, or fewer requests, is left out) and gives each (kappa, place) its median miss."""
+    from types import SimpleNamespace
+    sc = script("switch_cost")
+    policy = sc.PatternPolicy([0, 2, 2])
+    view = SimpleNamespace(caps=(4, 1, 0))
+    assert [policy.choose(view) for _ in range(4)] == [[0, 0, 0], [2, 1, 0], [2, 1, 0], [0, 0, 0]]
+
+    def step(kappa, seconds, positions=None, requests=2):
+        return SimpleNamespace(kappa=kappa, seconds=seconds, num_requests=requests, num_drafting=requests * (kappa > 0),
+                               num_positions=requests * (1 + kappa) if positions is None else positions, num_kv=0)
+    steps = [step(0, 1.0), step(0, 2.0), step(2, 3.0), step(2, 1.0), step(2, 1.0, positions=40), step(0, 5.0),
+             step(1, 2.0, requests=1)]
+    assert sc.places(steps) == [0, 1, 0, 1, 2, 0, 0]
+    costs = SimpleNamespace(step_s=lambda positions, drafting, kappa, _, kv: 1.0 + kappa / 2)
+    rows = sc.table(steps, costs, 2)
+    assert rows == {(0, 0): [2, 3.0], (0, 1): [1, 2.0], (2, 0): [1, 1.5], (2, 1): [1, 0.5]}
+    with pytest.raises(SystemExit):
+        sc.parse_args(["--pattern", "2222"])

@@ -6,7 +6,8 @@
 On the shipped tiny pair (fp32; `--threads`, by default `speclab serve`'s: every core but one), C clients each send
 `--requests-per-client` held-out prompts (Chapter 9c's, at least 16 in all, new ones every round, so that no round
 is served from the prefix cache of another) to engines with `max_num_seqs` = C (continuous batching), greedy,
-`--tokens` new tokens each. Per drafter (the draft model, n-gram lookup n <= 3, the shipped EAGLE head) the engines
+`--tokens` new tokens each (with `--spread F`, each request's length drawn from tokens x [1 - F, 1 + F], the same
+lengths for every engine). Per drafter (the draft model, n-gram lookup n <= 3, the shipped EAGLE head) the engines
 are: kappa 1, 2 and 3 fixed, and what `speclab serve` builds for `--kappa auto`: `KappaPolicy.adaptive` on
 `speclab.serve.calibrate` (this machine's costs, one calibration per drafter, recorded with the run with its
 verdict; each request's live alpha; a trusted calibration's costs as they are, a refused one's refitted), kappa in
@@ -22,6 +23,8 @@ after another, as older records did). Medians over rounds; every ratio is of med
 * the same in the steady window: each engine's tokens and seconds of the steps it began with C or more unfinished
   requests (a round's last requests drain one by one, and do so later and more unevenly for drafting engines, whose
   requests finish at different steps, than for plain ones, whose requests of equal length finish together);
+* by phase: auto against the best configuration in the steps that admit a prompt, the steady decode steps of a full
+  batch, and the round's drain, each one's seconds and tokens per second;
 * the calibration's predicted crossing (the batch from which plain is best at alpha = the drafter's measured
   acceptance at concurrency 1, kappa 3) next to the measured one (the first concurrency at which plain beats every
   fixed kappa).
@@ -31,6 +34,7 @@ import dataclasses
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -65,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--requests-per-client", type=int, default=4, help="each of the C clients' requests in a round: "
                     "max(16, this x C) prompts (default 4; 1 puts all 16 prompts of C = 16 in one batch, whose "
                     "slowest request then sets the time)")
+    ap.add_argument("--spread", type=float, default=0.0, help="each request's new tokens drawn uniformly from "
+                    "--tokens x [1 - this, 1 + this], the same draws for every engine (default 0: every request "
+                    "--tokens long, so plain decoding's requests finish together)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: speclab serve's, every core "
                     "but one; older saved runs used 2)")
     ap.add_argument("--refit", action="store_true", help="also run auto refitting its costs (name/refit)")
@@ -78,6 +85,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.rounds < 1 or a.tokens < 4 or min(a.concurrency) < 1 or a.requests_per_client < 1:
         ap.error("--rounds, --concurrency and --requests-per-client must be >= 1, --tokens >= 4")
+    if not 0 <= a.spread < 1 or round(a.tokens * (1 - a.spread)) < 1:
+        ap.error("--spread must be in [0, 1) and leave every request at least one token")
     return a
 
 
@@ -124,7 +133,15 @@ def since(eng: SpecDecoder, before, tokens: int, seconds: float) -> tuple[float,
     return tokens / seconds, accepted / drafted if drafted else float("nan"), counts
 
 
-def run(eng: SpecDecoder, prompts: list, params: SamplingParams) -> tuple[float, float, list, float, dict]:
+def lengths_params(tokens: int, spread: float, num: int, seed: int) -> list[SamplingParams]:
+    """Greedy SamplingParams for `num` requests, each `tokens` new tokens, or with `spread` a length drawn uniformly
+    from tokens x [1 - spread, 1 + spread] by a generator seeded with `seed` (every engine gets the same lengths)."""
+    rng = random.Random(seed)
+    low, high = round(tokens * (1 - spread)), round(tokens * (1 + spread))
+    return [SamplingParams(temperature=0, max_tokens=rng.randint(low, high), ignore_eos=True) for _ in range(num)]
+
+
+def run(eng: SpecDecoder, prompts: list, params: list[SamplingParams]) -> tuple[float, float, list, float, dict]:
     """(generated tokens per second, acceptance rate, kappa counts, the same rate, no phases) of one generate call over
     the prompts."""
     before = snapshot(eng)
@@ -134,7 +151,7 @@ def run(eng: SpecDecoder, prompts: list, params: SamplingParams) -> tuple[float,
     return r + (r[0], {})                          # one whole run: no steady window or phases of its own
 
 
-def run_together(engs: dict, names: list, prompts: list, params: SamplingParams, concurrency: int) -> dict:
+def run_together(engs: dict, names: list, prompts: list, params: list, concurrency: int) -> dict:
     """`run` for several engines at once: every engine gets the prompts, then they take one step each in turn until
     all are done, each engine's seconds its own steps' (a busy spell of the machine lasts far longer than a step, so
     it slows every engine alike). {name: (tokens per second, acceptance rate, kappa counts, steady tokens per
@@ -143,8 +160,8 @@ def run_together(engs: dict, names: list, prompts: list, params: SamplingParams,
     {phase: [steps, seconds, tokens]} (`phase`)."""
     before = {n: snapshot(engs[n]) for n in names}
     for n in names:
-        for prompt in prompts:
-            engs[n].add_request(prompt, params)
+        for prompt, sp in zip(prompts, params):
+            engs[n].add_request(prompt, sp)
     seconds, tokens = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
     steady = {n: [0, 0.0] for n in names}
     phases = {n: {} for n in names}
@@ -233,7 +250,8 @@ def main(argv: list[str] | None = None) -> dict:
     # which spare plain decoding its prefills and not a policy's draft (Chapter 8: the draft waits for its first draft)
     prompts = {c: [sweep_prompts(max(16, a.requests_per_client * c), 64, seed=PROMPT_SEED + i) for i in range(a.rounds)]
                for c in a.concurrency}
-    params = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)
+    params = {c: [lengths_params(a.tokens, a.spread, len(p), PROMPT_SEED + i) for i, p in enumerate(ps)]
+              for c, ps in prompts.items()}
     grid = {c: engines(target, draft, cals, c, a.drafters, a.refit, a.uncorrected) for c in a.concurrency}
     warm = sweep_prompts(2, 64, seed=PROMPT_SEED - 1)                   # prompts no round serves
     for engs in grid.values():
@@ -246,11 +264,11 @@ def main(argv: list[str] | None = None) -> dict:
         for c, engs in grid.items():
             order = list(engs) if i % 2 == 0 else list(engs)[::-1]      # drift in the machine hits all alike
             if a.interleave == "steps":
-                for name, r in run_together(engs, order, prompts[c][i], params, c).items():
+                for name, r in run_together(engs, order, prompts[c][i], params[c][i], c).items():
                     runs[c][name].append(r)
             else:
                 for name in order:
-                    runs[c][name].append(run(engs[name], prompts[c][i], params))
+                    runs[c][name].append(run(engs[name], prompts[c][i], params[c][i]))
             print(f"round {i + 1}/{a.rounds}, concurrency {c}: {len(engs)} engines done, "
                   f"{time.perf_counter() - start:.0f} s so far", file=sys.stderr, flush=True)
         loads.append(os.getloadavg()[0])
@@ -280,7 +298,7 @@ def main(argv: list[str] | None = None) -> dict:
                   for name, eng in engs.items() if name.endswith(VARIANTS)} for c, engs in grid.items()}
     out = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.processor() or
            platform.machine(), "cpus": os.cpu_count(), "threads": torch.get_num_threads(), "load": loads,
-           "tokens": a.tokens, "rounds": a.rounds,
+           "tokens": a.tokens, "spread": a.spread, "rounds": a.rounds,
            "prompts": {c: len(p[0]) for c, p in prompts.items()},
            "prompt_seeds": [PROMPT_SEED + i for i in range(a.rounds)],
            "calibration_s": {n: cal.seconds for n, cal in cals.items()},
