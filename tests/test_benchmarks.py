@@ -506,3 +506,28 @@ def test_switch_cost_places_each_step_in_its_run_and_keeps_full_decode_steps() -
     assert rows == {(0, 0): [2, 3.0], (0, 1): [1, 2.0], (2, 0): [1, 1.5], (2, 1): [1, 0.5]}
     with pytest.raises(SystemExit):
         sc.parse_args(["--pattern", "2222"])
+
+
+def test_width_runs_compares_every_run_cost_with_one_group(tmp_path: Path, capsys) -> None:
+    """width_runs.py: a tiny run writes one row per batch size and span, each run cost's median beside one group's
+    (the ratio of one group to itself 1), every engine stepped the same number of times, GROUP_KEYS restored after;
+    bad arguments are refused by name."""
+    import math
+
+    import speclab.model
+    runs = script("width_runs")
+    before = speclab.model.GROUP_KEYS
+    out = tmp_path / "w.json"
+    record = runs.main(["--batch", "1", "3", "--spans", "4:40", "--group-keys", "0", "64", "--steps", "3",
+                        "--repeats", "2", "--out", str(out)])
+    assert speclab.model.GROUP_KEYS == before
+    assert json.loads(out.read_text()) == record
+    assert [(r["batch"], r["span"], r["steps"]) for r in record["rows"]] == [(1, [4, 40], 6), (3, [4, 40], 6)]
+    for row in record["rows"]:
+        assert set(row["median_ms"]) == {str(math.inf), "0.0", "64.0"}
+        assert row["ratio"][str(math.inf)] == 1.0 and all(v > 0 for v in row["median_ms"].values())
+    for bad, name in ((["--steps", "0"], "--steps"), (["--spans", "9:3"], "--spans"), (["--spans", "x"], "--spans"),
+                      (["--group-keys", "-1"], "--group-keys"), (["--batch", "0"], "--batch")):
+        with pytest.raises(SystemExit):
+            runs.parse_args(bad)
+        assert name in capsys.readouterr().err
