@@ -472,15 +472,15 @@ def _width_runs(members: list[int], widths: list[int], group_keys: float) -> lis
         runs.setdefault(run_of[widths[b]], []).append(b)
     return [runs[start] for start in sorted(runs)]
 
-def _group(members, n, first_rows, ends, first_keys, key_slots, mask, device):
+def _group(members, n, first_rows, widths, key_slots, mask, device):
     "Requests that feed n tokens each: their flat rows, the slots of their keys, and their mask (None: not needed)."
     rows = long_tensor([first_rows[b] + i for b in members for i in range(n)]).to(device)
-    widths = [ends[b] - first_keys[b] for b in members]
+    own = [widths[b] for b in members]
     index = long_tensor(members)
     group_mask = None
-    if n > 1 or min(widths) < max(widths):
-        group_mask = mask[index, :, :n, :max(widths)].to(device)
-    return rows, key_slots[index, :max(widths)].to(device), group_mask
+    if n > 1 or min(own) < max(own):
+        group_mask = mask[index, :, :n, :max(own)].to(device)
+    return rows, key_slots[index, :max(own)].to(device), group_mask
 
 
 # %% ../nbs/07_model.ipynb #625bda21
@@ -576,7 +576,7 @@ def paged_batch(blocks: list[list[int]], starts: list[int], block_tables: list[l
     runs = [run for n in sorted(set(query_lens))                       # per query length, runs of similar width
             for run in _width_runs([b for b, m in enumerate(query_lens) if m == n], widths, group_keys)]
     if len(runs) > 1:                                                  # one attention per run
-        groups = [_group(run, query_lens[run[0]], first_rows, ends, first_keys, key_slots, mask, device)
+        groups = [_group(run, query_lens[run[0]], first_rows, widths, key_slots, mask, device)
                   for run in runs]
     else:                                                              # one group: the whole batch, in order
         groups = [(None, key_slots.to(device), None if mask is None else mask.to(device))]
