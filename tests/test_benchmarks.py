@@ -355,6 +355,38 @@ def test_open_loop_summarizes_rounds_by_their_medians() -> None:
     assert ol.goals(results, [1.0])[0]["goodput_ok"] is True      # the medians: 1.95 >= 0.97 x 2.0
 
 
+def test_open_loop_reads_what_each_run_added_to_the_spec_counters(monkeypatch) -> None:
+    """Each run keeps its acceptance and speclab's request-steps by kappa: /metrics read before and after (Prometheus'
+    text, parsed by prometheus_client), the cumulative kappa buckets turned into counts; a plain server gives zeros."""
+    ol = script("open_loop")
+    def page(draft, accepted, cumulative):
+        lines = [f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="m"}} {draft}',
+                 f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {accepted}']
+        lines += [f'speclab:spec_decode_kappa_bucket{{engine="0",le="{k}",model_name="m"}} {n}'
+                  for k, n in enumerate(cumulative)]
+        lines += [f'speclab:spec_decode_kappa_bucket{{engine="0",le="+Inf",model_name="m"}} {cumulative[-1]}']
+        return "\n".join(["# TYPE vllm:spec_decode_num_draft_tokens counter",
+                          "# TYPE vllm:spec_decode_num_accepted_tokens counter",
+                          "# TYPE speclab:spec_decode_kappa histogram"] + lines) + "\n"
+    pages = iter([page(100, 60, [5, 10, 40]), page(300, 160, [7, 20, 80]), "# nothing\n"])
+    class Reply:
+        def __init__(self, text):
+            self.text = text
+        def read(self):
+            return self.text.encode()
+        def __enter__(self):
+            return self
+        def __exit__(self, *exc):
+            return False
+    monkeypatch.setattr(ol.urllib.request, "urlopen", lambda url, timeout: Reply(next(pages)))
+    before, after = ol.spec_counters("http://x"), ol.spec_counters("http://x")
+    assert before == {"draft": 100.0, "accepted": 60.0, "kappa_cumulative": {0: 5.0, 1: 10.0, 2: 40.0}}
+    delta = ol.spec_delta(before, after)
+    assert delta == {"draft_tokens": 200, "acceptance": 0.5, "kappa_steps": [2, 8, 30]}
+    plain = ol.spec_counters("http://x")
+    assert ol.spec_delta(plain, plain) == {"draft_tokens": 0, "acceptance": None, "kappa_steps": []}
+
+
 def test_open_loop_interleaves_every_server_at_each_rate(tmp_path: Path, monkeypatch) -> None:
     """open_loop.py with its servers and load tool faked: all servers up at once, each round runs every rate in turn
     and every server at a rate (in a seeded shuffled order) before the next rate, round r with seed r; the record
@@ -382,6 +414,7 @@ def test_open_loop_interleaves_every_server_at_each_rate(tmp_path: Path, monkeyp
     monkeypatch.setattr(ol, "model_id", lambda url: "m")
     monkeypatch.setattr(ol, "bench", bench)
     monkeypatch.setattr(ol, "finish", finish)
+    monkeypatch.setattr(ol, "spec_counters", lambda url: {"draft": 0.0, "accepted": 0.0, "kappa_cumulative": {}})
     record = ol.main(["--rounds", "2", "--fractions", "0.5", "1.0", "--out", str(tmp_path / "ol")])
     assert up == list(ol.SERVERS)                                   # all up before any traffic
     rate_calls = [c for c in calls if "-round" in c[3]]

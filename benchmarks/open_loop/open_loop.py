@@ -30,7 +30,8 @@ Reported per server and rate (medians over the rounds): output tokens/s, TTFT an
 (requests/s whose TPOT meets `--tpot-slo-ms`). Writes OUT.json (everything, with the tool's version and the machine),
 OUT.md (the tables, and the goals checked: auto's goodput >= max(plain, fixed) - 3% at every rate, auto's p99 TPOT <=
 plain's wherever plain keeps up (its median TTFT within twice its light-load median), and the same against vLLM's
-best; on the medians, and round by round) and OUT.png.
+best; on the medians, and round by round) and OUT.png. Each run also keeps what the server's /metrics say it did:
+its acceptance, and for speclab its request-steps by planned kappa (what `--kappa auto` chose at that rate).
 Progress is printed as it goes; no timing is asserted.
 """
 import argparse
@@ -170,6 +171,35 @@ def finish(proc: subprocess.Popen, out_dir: Path, label: str) -> dict:
     return summary
 
 
+def spec_counters(url: str) -> dict:
+    """A server's speculation counters from its /metrics: draft and accepted tokens (vLLM's names, both engines), and
+    speclab's request-steps by planned kappa (`speclab:spec_decode_kappa`, cumulative; absent from vLLM). Zeros on a
+    plain server."""
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out = {"draft": 0.0, "accepted": 0.0, "kappa_cumulative": {}}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "vllm:spec_decode_num_draft_tokens_total":
+                out["draft"] += sample.value
+            elif sample.name == "vllm:spec_decode_num_accepted_tokens_total":
+                out["accepted"] += sample.value
+            elif sample.name == "speclab:spec_decode_kappa_bucket" and sample.labels["le"] != "+Inf":
+                out["kappa_cumulative"][int(sample.labels["le"])] = sample.value
+    return out
+
+
+def spec_delta(before: dict, after: dict) -> dict:
+    "What one run added to the counters: its acceptance (None without drafts) and its request-steps by kappa."
+    draft = after["draft"] - before["draft"]
+    cum = [after["kappa_cumulative"][k] - before["kappa_cumulative"].get(k, 0.0)
+           for k in sorted(after["kappa_cumulative"])]
+    steps = [round(c - (cum[k - 1] if k else 0.0)) for k, c in enumerate(cum)]
+    return {"draft_tokens": round(draft), "acceptance": (after["accepted"] - before["accepted"]) / draft if draft else
+            None, "kappa_steps": steps}
+
+
 def shuffled(servers: list[str], round_index: int, rate_index: int) -> list[str]:
     "The order the servers take one rate of one round: shuffled, seeded by both (a rerun shuffles alike)."
     order = list(servers)
@@ -215,10 +245,13 @@ def run_rate(name: str, url: str, model: str, a: argparse.Namespace, rate: float
     num = max(a.min_requests, round(rate * a.seconds))
     label = f"{name}-round{round_index + 1}-rate{rate_index + 1}"
     t0 = time.time()
+    before = spec_counters(url)
     r = finish(bench(python, url, model, dataset, num, rate, round_index, a.tpot_slo_ms, work, label), work, label)
+    r["spec"] = spec_delta(before, spec_counters(url))
     print(f"  round {round_index + 1}, rate {rate:.2f} req/s ({num} requests, {time.time() - t0:.0f} s) [{name}]: "
           f"{r['output_throughput']:.0f} tok/s, TPOT p50/p99 {r['median_tpot_ms']:.1f}/{r['p99_tpot_ms']:.1f} ms, "
-          f"TTFT p99 {r['p99_ttft_ms']:.0f} ms, goodput {r['request_goodput']:.2f} req/s", flush=True)
+          f"TTFT p99 {r['p99_ttft_ms']:.0f} ms, goodput {r['request_goodput']:.2f} req/s"
+          + (f", kappa steps {r['spec']['kappa_steps']}" if r["spec"]["kappa_steps"] else ""), flush=True)
     return r
 
 
