@@ -342,6 +342,10 @@ def test_open_loop_summarizes_rounds_by_their_medians() -> None:
     assert (med["goodput_min"], med["goodput_max"]) == (1.0, 4.0)
     assert med["rounds"] == runs and med["duration"] == 1.0
     assert ol.summarize([{"request_goodput": None}])["request_goodput"] is None    # never a made-up figure
+    assert ol.summarize([{"request_goodput": 1.0}])["pooled_p99_tpot_ms"] is None
+    pooled = ol.summarize([{"tpots": [0.001 * t for t in range(1, 51)]}, {"tpots": [0.001 * t for t in range(51, 101)]
+                                                                          + [None]}])
+    assert pooled["pooled_p99_tpot_ms"] == pytest.approx(99.01)       # numpy's linear p99 of 1..100 ms
     with pytest.raises(ValueError, match="rounds"):
         ol.summarize([])
     def res(goodputs):
@@ -353,6 +357,8 @@ def test_open_loop_summarizes_rounds_by_their_medians() -> None:
     assert count["goodput_ok"] == [2, 3]              # 2.0 and 1.95 >= 0.97 x 2.0; 1.0 is not
     assert count["vs_vllm_ok"] == [0, 0]              # no vLLM server: judged in no round
     assert ol.goals(results, [1.0])[0]["goodput_ok"] is True      # the medians: 1.95 >= 0.97 x 2.0
+    results["speclab-auto"]["rates"]["1.0000"]["pooled_p99_tpot_ms"] = 12.0     # the pooled p99 judges, not 10.0
+    assert ol.goals(results, [1.0])[0]["auto_p99_tpot"] == 12.0 and ol.goals(results, [1.0])[0]["tpot_ok"] is False
 
 
 def test_open_loop_reads_what_each_run_added_to_the_spec_counters(monkeypatch) -> None:
